@@ -67,8 +67,8 @@ def test_every_method_builds_a_cache_that_attends_like_its_dequantized_self(name
   t = W * S + 40
   k = jax.random.normal(jax.random.PRNGKey(1), (L, 3, 2, t, 16))
   v = jax.random.normal(jax.random.PRNGKey(2), (L, 3, 2, t, 16))
-  c = cache.build_cache(k, v, plan, visual_start=4, num_visual=W * S + 3, seq_lens=[t] * 3, max_new_tokens=2,
-                        window_size=options.window_size, value_channel_group=options.value_channel_group)
+  c = methods.build_method_cache(options, k, v, plan, visual_start=4, num_visual=W * S + 3, seq_lens=[t] * 3,
+                                 max_new_tokens=2)
   q = jax.random.normal(jax.random.PRNGKey(3), (3, 4, 16))
   for l in range(L):
     kk, vv, valid = cache.dequantized_layer(c, l)
@@ -81,3 +81,20 @@ def test_unknown_method_and_wrong_config_are_named():
     methods.resolve("int3")
   with pytest.raises(TypeError, match="WindowQuantConfig"):
     methods.resolve("windowquant", KiviConfig())
+
+
+def test_reorder_false_builds_the_original_order_layout_and_attends_the_same():
+  import jax
+  from wq_jax.interleaved import InterleavedCache
+  t = W * S + 40
+  k = jax.random.normal(jax.random.PRNGKey(4), (L, 3, 2, t, 16))
+  v = jax.random.normal(jax.random.PRNGKey(5), (L, 3, 2, t, 16))
+  q = jax.random.normal(jax.random.PRNGKey(6), (3, 4, 16))
+  outs = []
+  for reorder in (True, False):
+    method, config = methods.resolve("windowquant", WindowQuantConfig(window_size=S, reorder=reorder))
+    c = methods.build_method_cache(method.cache_options(config), k, v, method.plan(config, inputs()),
+                                   visual_start=4, num_visual=W * S + 3, seq_lens=[t] * 3, max_new_tokens=2)
+    assert isinstance(c, InterleavedCache) == (not reorder)
+    outs.append(np.asarray(attention.decode_attention(q, c.layer(2))))
+  np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-5)

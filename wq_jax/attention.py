@@ -21,6 +21,7 @@ from jaxtyping import Array, Float
 
 from wq_jax import quant
 from wq_jax.cache import LayerCache, Pool
+from wq_jax.interleaved import InterleavedLayer, interleaved_attention
 
 AttentionFn = Callable[..., jax.Array]
 _IMPLEMENTATIONS: dict[str, AttentionFn] = {}
@@ -57,7 +58,10 @@ def decode_attention(
     raise ValueError(f"{n} query heads are not a multiple of {k} KV heads")
   scale = 1.0 / math.sqrt(h) if scale is None else scale
   qg = (q.astype(jnp.float32) * scale).reshape(b, k, n // k, h)
-  out = _IMPLEMENTATIONS[implementation](qg, layer)
+  if isinstance(layer, InterleavedLayer):  # ablation C's layout has one (XLA) reader
+    out = interleaved_attention(qg, layer)
+  else:
+    out = _IMPLEMENTATIONS[implementation](qg, layer)
   return out.reshape(b, n, h).astype(q.dtype)
 
 

@@ -223,17 +223,19 @@ def _build(keys, values, pool_sources, rest_sources, rest_len, offsets, counts, 
       pools.append(make_pool(g, bits, channel_group, x.dtype, meta_dtype))
     return tuple(pools)
 
-  def rest_of(x):  # [L, B, K, T, H] -> [L, B, K, R, H]
-    idx = rest_sources[None, :, None, :, None]
-    r = jnp.take_along_axis(x, idx, axis=3)
-    valid = jnp.arange(rest_sources.shape[1])[None, :] < rest_len[:, None]
-    r = jnp.where(valid[None, :, None, :, None], r, 0)
-    return jnp.pad(r, [(0, 0)] * 3 + [(0, capacity - r.shape[3]), (0, 0)])
-
   return KVCache(
       k_pools=pools_of(keys, 0), v_pools=pools_of(values, value_channel_group),
-      offsets=offsets, counts=counts, rest_k=rest_of(keys), rest_v=rest_of(values), rest_len=rest_len,
+      offsets=offsets, counts=counts, rest_k=rest_segment(keys, rest_sources, rest_len, capacity),
+      rest_v=rest_segment(values, rest_sources, rest_len, capacity), rest_len=rest_len,
       window_size=window_size, slice_windows=slice_windows)
+
+
+def rest_segment(x: Float[Array, "L B K T H"], rest_sources, rest_len, capacity: int) -> Float[Array, "L B K R H"]:
+  """Each request's non-window tokens, compacted to the front, zero past `rest_len`, `capacity` long."""
+  r = jnp.take_along_axis(x, rest_sources[None, :, None, :, None], axis=3)
+  valid = jnp.arange(rest_sources.shape[1])[None, :] < rest_len[:, None]
+  r = jnp.where(valid[None, :, None, :, None], r, 0)
+  return jnp.pad(r, [(0, 0)] * 3 + [(0, capacity - r.shape[3]), (0, 0)])
 
 
 def make_pool(windows: Float[Array, "B K P S H"], bits: int, channel_group: int, dtype, meta_dtype) -> Pool:

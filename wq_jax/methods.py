@@ -19,6 +19,8 @@ import jax
 import numpy as np
 
 from wq_jax import search
+from wq_jax.cache import build_cache
+from wq_jax.interleaved import build_interleaved_cache
 from wq_jax.search import HIGH
 
 
@@ -134,3 +136,13 @@ def resolve(name: str, config=None):
     raise TypeError(f"method {name!r} takes a {type(method.default_config).__name__}, "
                     f"got a {type(config).__name__}")
   return method, config
+
+
+def build_method_cache(options: CacheOptions, keys, values, plan, *, visual_start: int, num_visual: int,
+                       seq_lens: Sequence[int], max_new_tokens: int):
+  """The cache a method's options ask for: reordered pools, or ablation C's original order."""
+  common = dict(visual_start=visual_start, num_visual=num_visual, seq_lens=seq_lens,
+                max_new_tokens=max_new_tokens, window_size=options.window_size, meta_dtype=options.meta_dtype)
+  if not options.reorder:
+    return build_interleaved_cache(keys, values, plan, **common)
+  return build_cache(keys, values, plan, value_channel_group=options.value_channel_group, **common)

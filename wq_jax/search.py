@@ -35,15 +35,15 @@ def window_scores(
 ) -> Float[Array, "B W"]:
   """Eq. 8: mean cosine similarity of every (text token, window token) pair.
 
-  Computed as t_bar . w_bar_i, one mat-vec. The tail of M mod S tokens forms
-  no window and gets no score.
+  It equals t_bar . w_bar_i with t_bar = mean_j t_j/|t_j| and w_bar_i the mean
+  of the window's unit rows, so it is one mat-vec: (t_bar . v_k) / |v_k| per
+  visual token, averaged over each window. The tail of M mod S tokens forms no
+  window and gets no score.
   """
-  b, m, d = visual_emb.shape
+  b, m, _ = visual_emb.shape
   w = m // window_size
-  t_bar = _mean_text_direction(text_emb, text_mask)  # [B, D]
-  v = _unit_rows(visual_emb[:, : w * window_size])
-  w_bar = v.reshape(b, w, window_size, d).mean(axis=2)  # [B, W, D]
-  return jnp.einsum("BD,BWD->BW", t_bar, w_bar)
+  cos = token_scores(text_emb, visual_emb[:, : w * window_size], text_mask)  # [B, W*S]
+  return cos.reshape(b, w, window_size).mean(axis=-1)
 
 
 def token_scores(
@@ -51,9 +51,15 @@ def token_scores(
     visual_emb: Float[Array, "B M D"],
     text_mask: Bool[Array, "B N"] | None = None,
 ) -> Float[Array, "B M"]:
-  """Per-token similarity (the token-level search WindowQuant is compared with)."""
-  t_bar = _mean_text_direction(text_emb, text_mask)
-  return jnp.einsum("BD,BMD->BM", t_bar, _unit_rows(visual_emb))
+  """Per-token similarity (the token-level search WindowQuant is compared with).
+
+  The visual rows are never normalized in memory: one dot with t_bar and one
+  norm per row, accumulated in float32.
+  """
+  t_bar = _mean_text_direction(text_emb, text_mask).astype(visual_emb.dtype)
+  dots = jnp.einsum("BD,BMD->BM", t_bar, visual_emb, preferred_element_type=jnp.float32)
+  norms = jnp.sqrt(jnp.einsum("BMD,BMD->BM", visual_emb, visual_emb, preferred_element_type=jnp.float32))
+  return dots / jnp.maximum(norms, _EPS)
 
 
 def layer_sensitivity(

@@ -1,0 +1,71 @@
+"""Shared benchmark plumbing: timing by median of repeats, and results with their provenance."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def device_name() -> str:
+  d = jax.devices()[0]
+  kind = getattr(d, "device_kind", d.platform)
+  if d.platform == "cpu":
+    return f"cpu ({os.cpu_count()} cores, {platform.processor() or platform.machine()})"
+  return f"{kind} ({d.platform}, {len(jax.devices())} device(s))"
+
+
+def time_fn(fn, *args, repeats: int = 10, warmup: int = 2) -> dict:
+  """Median and spread of wall time in seconds; fn's output is blocked on every call."""
+  for _ in range(warmup):
+    jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - start)
+  return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "repeats": repeats}
+
+
+def provenance() -> dict:
+  return {
+      "command": " ".join([Path(sys.executable).name, *sys.argv]),
+      "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      "device": device_name(),
+      "jax": jax.__version__,
+      "backend": jax.default_backend(),
+  }
+
+
+def write_results(name: str, rows: list[dict], columns: list[str], title: str, notes: str = "",
+                  out_dir: Path | None = None) -> Path:
+  """Writes NAME_<backend>.json and .md (a table with the command, date and device)."""
+  out_dir = out_dir or RESULTS
+  out_dir.mkdir(parents=True, exist_ok=True)
+  meta = provenance()
+  stem = out_dir / f"{name}_{meta['backend']}"
+  stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+  lines = [f"# {title}", "", f"- command: `{meta['command']}`", f"- date: {meta['date']}",
+           f"- device: {meta['device']}, jax {meta['jax']}", ""]
+  if notes:
+    lines += [notes, ""]
+  lines.append("| " + " | ".join(columns) + " |")
+  lines.append("|" + "---|" * len(columns))
+  for row in rows:
+    lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |")
+  stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+  return stem.with_suffix(".md")
+
+
+def _fmt(x) -> str:
+  if isinstance(x, float):
+    return f"{x:.4g}"
+  return str(x)
