@@ -37,12 +37,20 @@ def time_fn(fn, *args, repeats: int = 10, warmup: int = 2) -> dict:
 
 def provenance() -> dict:
   return {
-      "command": " ".join([Path(sys.executable).name, *sys.argv]),
+      "command": " ".join(["python", *_invocation(), *sys.argv[1:]]),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "device": device_name(),
       "jax": jax.__version__,
       "backend": jax.default_backend(),
   }
+
+
+def _invocation() -> list[str]:
+  """`-m benchmarks.NAME` when run as a module (sys.argv[0] is then the file's path)."""
+  script = Path(sys.argv[0])
+  if script.parent.name == "benchmarks" and script.suffix == ".py":
+    return ["-m", f"benchmarks.{script.stem}"]
+  return [sys.argv[0]]
 
 
 def write_results(name: str, rows: list[dict], columns: list[str], title: str, notes: str = "",

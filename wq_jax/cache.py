@@ -194,7 +194,7 @@ def build_cache(
                        seq_lens=seq_lens, window_size=window_size)
   capacity = layout.rest_sources.shape[1] + max_new_tokens
   # Powers of two: the XLA path may read up to twice the windows, but recompiles rarely.
-  slice_windows = tuple(min(bucket(int(c.max(initial=0)), mantissa_bits=1), len(s)) for c, s in
+  slice_windows = tuple(min(bucket(int(c.max(initial=0)), mantissa_bits=0), len(s)) for c, s in
                         zip(layout.counts, layout.pool_sources))
   return _build(
       keys, values, tuple(jnp.asarray(s) for s in layout.pool_sources), jnp.asarray(layout.rest_sources),
@@ -244,6 +244,7 @@ def make_pool(windows: Float[Array, "B K P S H"], bits: int, channel_group: int,
   if bits == 16:
     return Pool(windows.reshape(b, k, p * s, h).astype(dtype), None, None, bits=16)
   if channel_group:  # per token, over groups of `channel_group` channels (KIVI values)
+    channel_group = min(channel_group, h)  # a head narrower than a group is one group
     if h % channel_group:
       raise ValueError(f"head dim {h} is not a multiple of the channel group {channel_group}")
     grouped = windows.reshape(b, k, p * s, h // channel_group, channel_group)

@@ -21,7 +21,6 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-import av
 import numpy as np
 from jaxtyping import UInt8
 from PIL import Image
@@ -119,6 +118,7 @@ def write_test_video(path: str | os.PathLike, frames: UInt8[np.ndarray, "T H W 3
     """Encode uint8 RGB frames into `path`; the extension (.mp4, .mkv, .webm,
     .avi) picks the first encoder this PyAV build has. Frames need even H and
     W (4:2:0 chroma). For tests and the demo; the encoding is lossy."""
+    av = _av()
     path = Path(path)
     frames = _stack_frames(frames)
     _, height, width, _ = frames.shape
@@ -172,6 +172,7 @@ def _decode_indices(path: Path, indices: np.ndarray) -> tuple[np.ndarray | None,
     """Decode in order up to the last wanted index, converting and keeping only
     `indices` (sorted, possibly repeated). Returns (frames, or None if the
     video ran out first; number of frames decoded)."""
+    av = _av()
     out, filled, decoded = None, 0, 0
     with _open(path) as container:
         stream = _video_stream(container, path)
@@ -201,22 +202,24 @@ def _existing_file(path: Path) -> Path:
     return path
 
 
-def _open(path: Path) -> av.container.InputContainer:
+def _open(path: Path):
+    av = _av()
     try:
         return av.open(str(path), mode="r")
     except (av.FFmpegError, EOFError) as e:
         raise VideoDecodeError(path, str(e)) from e
 
 
-def _video_stream(container: av.container.InputContainer, path: Path) -> av.video.stream.VideoStream:
+def _video_stream(container, path: Path):
     if not container.streams.video:
         raise VideoDecodeError(path, "the file has no video stream")
     return container.streams.video[0]
 
 
-def _count_packets(container: av.container.InputContainer, stream, path: Path) -> int:
+def _count_packets(container, stream, path: Path) -> int:
     """Frame count by demuxing (no decoding): one packet per video frame;
     the flush packet at the end has no data."""
+    av = _av()
     try:
         return sum(1 for packet in container.demux(stream) if packet.size)
     except av.FFmpegError as e:
@@ -245,6 +248,7 @@ def _stack_frames(source) -> np.ndarray:
 
 
 def _pick_encoder(suffix: str) -> str:
+    av = _av()
     if suffix not in _ENCODERS:
         raise ValueError(f"write_test_video supports {sorted(_ENCODERS)}, got {suffix!r}")
     for name in _ENCODERS[suffix]:
@@ -254,3 +258,12 @@ def _pick_encoder(suffix: str) -> str:
         except av.codec.codec.UnknownCodecError:
             continue
     raise RuntimeError(f"this PyAV build has none of the encoders {_ENCODERS[suffix]} for {suffix}")
+
+
+def _av():
+    """PyAV, imported when a file is read or written (arrays and frame lists need no decoder)."""
+    try:
+        import av
+    except ImportError as e:  # pragma: no cover - av is a dependency
+        raise ImportError("reading or writing video files needs PyAV: pip install av") from e
+    return av
