@@ -59,8 +59,8 @@ def write_results(name: str, rows: list[dict], columns: list[str], title: str, n
   out_dir = out_dir or RESULTS
   out_dir.mkdir(parents=True, exist_ok=True)
   meta = provenance()
-  stem = out_dir / f"{name}_{meta['backend']}"
-  stem.with_suffix(".json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
+  stem = f"{name}_{meta['backend']}"  # names may hold dots (0.5b): no with_suffix
+  (out_dir / f"{stem}.json").write_text(json.dumps({**meta, "rows": rows}, indent=1))
   lines = [f"# {title}", "", f"- command: `{meta['command']}`", f"- date: {meta['date']}",
            f"- device: {meta['device']}, jax {meta['jax']}", ""]
   if notes:
@@ -69,8 +69,8 @@ def write_results(name: str, rows: list[dict], columns: list[str], title: str, n
   lines.append("|" + "---|" * len(columns))
   for row in rows:
     lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |")
-  stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
-  return stem.with_suffix(".md")
+  (out_dir / f"{stem}.md").write_text("\n".join(lines) + "\n")
+  return out_dir / f"{stem}.md"
 
 
 def _fmt(x) -> str:

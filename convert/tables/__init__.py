@@ -1,0 +1,13 @@
+"""Conversion tables by HF `model_type` (the keys of `models.registry`): config -> `Table`."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from convert.framework import Table
+from convert.tables import llava_onevision, qwen2_vl
+
+TABLES: dict[str, Callable[[Any], Table]] = {
+    "llava_onevision": llava_onevision.table,
+    "qwen2_vl": qwen2_vl.table,
+    "qwen2_5_vl": qwen2_vl.table,
+}

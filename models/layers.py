@@ -1,0 +1,74 @@
+"""Small layers shared by the model families, as pure functions over param dicts.
+
+Axes: B batch, T tokens, D input width, E output width.
+
+A dense layer is {"w": [D, E], "b": [E] (optional)}; a LayerNorm is
+{"scale": [D], "bias": [D]}; an RMSNorm is its scale vector alone. Norms
+compute in float32 and return the input dtype, as transformers does.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+Params = dict
+
+
+def _quick_gelu(x):
+  return x * jax.nn.sigmoid(1.702 * x)
+
+
+# transformers' ACT2FN names -> jax functions ("gelu" is the exact, erf-based one).
+ACTIVATIONS: dict[str, Callable[[jax.Array], jax.Array]] = {
+    "silu": jax.nn.silu,
+    "swish": jax.nn.silu,
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
+    "quick_gelu": _quick_gelu,
+}
+
+
+def activation(name: str) -> Callable[[jax.Array], jax.Array]:
+  if name not in ACTIVATIONS:
+    raise ValueError(f"unsupported activation {name!r}; known: {sorted(ACTIVATIONS)}")
+  return ACTIVATIONS[name]
+
+
+def dense(p: Params, x: Float[Array, "... D"]) -> Float[Array, "... E"]:
+  y = jnp.einsum("...D,DE->...E", x, p["w"])
+  return y + p["b"] if "b" in p else y
+
+
+def rms_norm(x: Float[Array, "... D"], scale: Float[Array, "D"], eps: float) -> Float[Array, "... D"]:
+  x32 = x.astype(jnp.float32)
+  y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return scale * y.astype(x.dtype)
+
+
+def layer_norm(p: Params, x: Float[Array, "... D"], eps: float) -> Float[Array, "... D"]:
+  x32 = x.astype(jnp.float32)
+  mean = jnp.mean(x32, axis=-1, keepdims=True)
+  var = jnp.mean(jnp.square(x32 - mean), axis=-1, keepdims=True)
+  y = (x32 - mean) * jax.lax.rsqrt(var + eps)
+  return (y * p["scale"].astype(jnp.float32) + p["bias"].astype(jnp.float32)).astype(x.dtype)
+
+
+def normal(key: jax.Array, shape: tuple[int, ...], dtype, std: float = 0.02) -> jax.Array:
+  """Random init for tests and `jax.eval_shape`; real weights come from `convert`."""
+  return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+
+
+def init_tree(key: jax.Array, shapes: dict, dtype) -> Params:
+  """A param tree of the given nested {name: shape} dict; norm scales start at one."""
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes, is_leaf=lambda s: isinstance(s, tuple))
+  keys = jax.random.split(key, len(leaves))
+  out = []
+  for k, (path, shape) in zip(keys, leaves):
+    name = path[-1].key
+    out.append(jnp.ones(shape, dtype) if name == "scale" or name.endswith("norm") else normal(k, shape, dtype))
+  return jax.tree_util.tree_unflatten(treedef, out)

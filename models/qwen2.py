@@ -1,0 +1,274 @@
+"""The Qwen2 decoder (GQA, RoPE or M-RoPE, RMSNorm, SwiGLU) as pure functions over a param pytree.
+
+Axes: B batch, T tokens, S key length, N query heads, K KV heads, H head dim,
+D model width, F MLP width, V vocabulary, L layers.
+
+Params (layers stacked along a leading L axis, run with `jax.lax.scan`):
+
+    embed      [V, D]
+    layers     attn_norm [L, D]
+               q {w [L, D, N, H], b [L, N, H]}   k, v {w [L, D, K, H], b [L, K, H]}
+               o {w [L, N, H, D]}
+               mlp_norm [L, D]   gate, up {w [L, D, F]}   down {w [L, F, D]}
+    norm       [D]
+    lm_head    [D, V]   (absent when the embeddings are tied)
+
+Batches are padded on the right: `attention_mask[b]` is a prefix of ones.
+Positions are [B, T] for plain RoPE and [3, B, T] (temporal, height, width)
+for M-RoPE, which Qwen2-VL applies by taking frequency j's angle from the
+position row its `mrope_section` chunk names (chunk i uses row i mod 3).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float, Int
+
+from models import layers
+from wq_jax import attention, search
+
+if TYPE_CHECKING:
+  from wq_jax.cache import KVCache
+
+Params = dict
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen2Config:
+  vocab_size: int
+  hidden_size: int
+  num_layers: int
+  num_heads: int
+  num_kv_heads: int
+  head_dim: int
+  intermediate_size: int
+  rope_theta: float
+  rms_norm_eps: float
+  tie_word_embeddings: bool
+  mrope_section: tuple[int, ...] | None = None
+  hidden_act: str = "silu"
+
+  @property
+  def groups(self) -> int:
+    return self.num_heads // self.num_kv_heads
+
+  @classmethod
+  def from_hf(cls, text: Mapping[str, Any], tie_word_embeddings: bool | None = None) -> "Qwen2Config":
+    """Parses a Qwen2 text config as transformers writes it (v5 `rope_parameters` or v4 `rope_theta`)."""
+    if text.get("use_sliding_window"):
+      raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
+    rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "mrope"):
+      raise ValueError(f"unsupported rope type {rope_type!r}; supported: 'default' and M-RoPE")
+    heads = text["num_attention_heads"]
+    section = rope.get("mrope_section")
+    tie = text.get("tie_word_embeddings", False)
+    return cls(
+        vocab_size=text["vocab_size"],
+        hidden_size=text["hidden_size"],
+        num_layers=text["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=text.get("num_key_value_heads") or heads,
+        head_dim=text.get("head_dim") or text["hidden_size"] // heads,
+        intermediate_size=text["intermediate_size"],
+        rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
+        rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+        tie_word_embeddings=bool(tie if tie_word_embeddings is None else tie_word_embeddings),
+        mrope_section=tuple(section) if section else None,
+        hidden_act=text.get("hidden_act", "silu"),
+    )
+
+
+def param_shapes(cfg: Qwen2Config) -> dict:
+  l, d, n, k, h, f, v = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                         cfg.intermediate_size, cfg.vocab_size)
+  shapes = {
+      "embed": (v, d),
+      "layers": {
+          "attn_norm": (l, d),
+          "q": {"w": (l, d, n, h), "b": (l, n, h)},
+          "k": {"w": (l, d, k, h), "b": (l, k, h)},
+          "v": {"w": (l, d, k, h), "b": (l, k, h)},
+          "o": {"w": (l, n, h, d)},
+          "mlp_norm": (l, d),
+          "gate": {"w": (l, d, f)},
+          "up": {"w": (l, d, f)},
+          "down": {"w": (l, f, d)},
+      },
+      "norm": (d,),
+  }
+  if not cfg.tie_word_embeddings:
+    shapes["lm_head"] = (d, v)
+  return shapes
+
+
+def init(cfg: Qwen2Config, key: jax.Array, dtype=jnp.float32) -> Params:
+  return layers.init_tree(key, param_shapes(cfg), dtype)
+
+
+class PrefillOutput(NamedTuple):
+  logits: Float[Array, "B T V"] | Float[Array, "B V"]  # [B, V] at the last valid token if last_only
+  keys: Float[Array, "L B K T H"]  # post-RoPE, head-major
+  values: Float[Array, "L B K T H"]
+  sensitivity: Float[Array, "L B"]  # SPEC Eq. 9, over the valid tokens
+  hidden: Float[Array, "B T D"]  # after the final norm
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def embed(params: Params, tokens: Int[Array, "*B"]) -> Float[Array, "*B D"]:
+  return jnp.take(params["embed"], tokens, axis=0)
+
+
+def final_norm(params: Params, cfg: Qwen2Config, h: Float[Array, "*B D"]) -> Float[Array, "*B D"]:
+  return layers.rms_norm(h, params["norm"], cfg.rms_norm_eps)
+
+
+def lm_head(params: Params, cfg: Qwen2Config, h: Float[Array, "*B D"]) -> Float[Array, "*B V"]:
+  """Logits in float32 from normed hidden states (the tied head is the embedding table)."""
+  if cfg.tie_word_embeddings:
+    return jnp.einsum("...D,VD->...V", h, params["embed"], preferred_element_type=jnp.float32)
+  return jnp.einsum("...D,DV->...V", h, params["lm_head"], preferred_element_type=jnp.float32)
+
+
+def text_positions(attention_mask: Int[Array, "B T"]) -> Int[Array, "B T"]:
+  """Plain RoPE positions of a right-padded batch: 0..T-1 on every row, as transformers uses."""
+  b, t = attention_mask.shape
+  return jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+
+
+def _inv_freq(cfg: Qwen2Config) -> np.ndarray:
+  h = cfg.head_dim
+  return (1.0 / (np.float32(cfg.rope_theta) ** (np.arange(0, h, 2, dtype=np.float32) / np.float32(h)))).astype(
+      np.float32)
+
+
+def rope(cfg: Qwen2Config, positions: Int[Array, "*P B T"]) -> tuple[Float[Array, "B T H"], Float[Array, "B T H"]]:
+  """cos and sin [B, T, H] in float32 for positions [B, T] (or [3, B, T] with M-RoPE)."""
+  inv = jnp.asarray(_inv_freq(cfg))
+  pos = positions.astype(jnp.float32)
+  if cfg.mrope_section is not None:
+    if pos.ndim == 2:  # text-only input: the three rows are equal
+      pos = jnp.broadcast_to(pos, (3, *pos.shape))
+    row = np.repeat(np.arange(len(cfg.mrope_section)) % 3, cfg.mrope_section)  # [H/2]
+    freqs = jnp.moveaxis(pos[row], 0, -1) * inv  # [B, T, H/2]
+  else:
+    freqs = pos[..., None] * inv
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: Float[Array, "B T N H"], cos: Float[Array, "B T H"], sin: Float[Array, "B T H"]):
+  cos, sin = cos[:, :, None].astype(x.dtype), sin[:, :, None].astype(x.dtype)
+  x1, x2 = jnp.split(x, 2, axis=-1)
+  return x * cos + jnp.concatenate([-x2, x1], axis=-1) * sin
+
+
+def project_qkv(lp: Params, cfg: Qwen2Config, x: Float[Array, "B T D"], cos, sin):
+  """q [B, T, N, H], k and v [B, T, K, H], q and k rotated."""
+  q = jnp.einsum("BTD,DNH->BTNH", x, lp["q"]["w"]) + lp["q"]["b"]
+  k = jnp.einsum("BTD,DKH->BTKH", x, lp["k"]["w"]) + lp["k"]["b"]
+  v = jnp.einsum("BTD,DKH->BTKH", x, lp["v"]["w"]) + lp["v"]["b"]
+  return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def mlp_block(lp: Params, cfg: Qwen2Config, h: Float[Array, "... D"]) -> Float[Array, "... D"]:
+  x = layers.rms_norm(h, lp["mlp_norm"], cfg.rms_norm_eps)
+  act = layers.activation(cfg.hidden_act)
+  y = act(jnp.einsum("...D,DF->...F", x, lp["gate"]["w"])) * jnp.einsum("...D,DF->...F", x, lp["up"]["w"])
+  return h + jnp.einsum("...F,FD->...D", y, lp["down"]["w"])
+
+
+def layer(
+    lp: Params,
+    cfg: Qwen2Config,
+    h: Float[Array, "B T D"],
+    cos: Float[Array, "B T H"],
+    sin: Float[Array, "B T H"],
+    attention_mask: Int[Array, "B T"],
+    implementation: str | None = None,
+):
+  """One decoder layer over a right-padded prefill: (h_out, k [B,K,T,H], v [B,K,T,H], sensitivity [B])."""
+  x = layers.rms_norm(h, lp["attn_norm"], cfg.rms_norm_eps)
+  q, k, v = project_qkv(lp, cfg, x, cos, sin)
+  lengths = attention_mask.sum(axis=-1).astype(jnp.int32)
+  out = jax.nn.dot_product_attention(
+      q, k, v, scale=cfg.head_dim ** -0.5, is_causal=True, key_value_seq_lengths=lengths,
+      implementation=implementation)
+  h_attn = h + jnp.einsum("BTNH,NHD->BTD", out, lp["o"]["w"])
+  sensitivity = search.layer_sensitivity(h, h_attn, attention_mask.astype(bool))
+  return mlp_block(lp, cfg, h_attn), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), sensitivity
+
+
+# ----------------------------------------------------------------------------- prefill and decode
+
+
+def prefill(
+    params: Params,
+    cfg: Qwen2Config,
+    embeds: Float[Array, "B T D"],
+    positions: Int[Array, "*P B T"],
+    attention_mask: Int[Array, "B T"] | Bool[Array, "B T"],
+    *,
+    last_only: bool = False,
+    implementation: str | None = None,
+) -> PrefillOutput:
+  """The full-precision prefill: logits, post-RoPE K/V and each layer's sensitivity.
+
+  `implementation` goes to `jax.nn.dot_product_attention` (None or "xla", or
+  "cudnn" on GPU). With `last_only`, logits are [B, V] at each row's last
+  valid token, which avoids the [B, T, V] array on long prompts.
+  """
+  mask = attention_mask.astype(jnp.int32)
+  cos, sin = rope(cfg, positions)
+
+  def body(h, lp):
+    h, k, v, s = layer(lp, cfg, h, cos, sin, mask, implementation)
+    return h, (k, v, s)
+
+  h, (keys, values, sensitivity) = jax.lax.scan(body, embeds, params["layers"])
+  hidden = final_norm(params, cfg, h)
+  if last_only:
+    last = jnp.maximum(mask.sum(axis=-1) - 1, 0)
+    logits = lm_head(params, cfg, hidden[jnp.arange(hidden.shape[0]), last])
+  else:
+    logits = lm_head(params, cfg, hidden)
+  return PrefillOutput(logits, keys, values, sensitivity, hidden)
+
+
+def decode_step(
+    params: Params,
+    cfg: Qwen2Config,
+    tokens: Int[Array, "B"],
+    positions: Int[Array, "*P B"],
+    cache: KVCache,
+    *,
+    implementation: str = "xla",
+) -> tuple[Float[Array, "B V"], KVCache]:
+  """One generated token a request: appends its K/V to every layer and returns float32 logits.
+
+  positions are [B] (or [3, B] with M-RoPE); `implementation` names a
+  `wq_jax.attention` decode implementation.
+  """
+  cos, sin = rope(cfg, positions[..., None])  # [B, 1, H]
+
+  def body(carry, xs):
+    h, cache = carry
+    lp, l = xs
+    lc = cache.layer(l)
+    x = layers.rms_norm(h[:, None], lp["attn_norm"], cfg.rms_norm_eps)
+    q, k, v = project_qkv(lp, cfg, x, cos, sin)
+    lc = lc.append(k[:, 0], v[:, 0])
+    out = attention.decode_attention(q[:, 0], lc, scale=cfg.head_dim ** -0.5, implementation=implementation)
+    h = mlp_block(lp, cfg, h + jnp.einsum("BNH,NHD->BD", out, lp["o"]["w"]))
+    return (h, cache.replace_layer(l, lc)), None
+
+  h = embed(params, tokens)
+  (h, cache), _ = jax.lax.scan(body, (h, cache), (params["layers"], jnp.arange(cfg.num_layers)))
+  return lm_head(params, cfg, final_norm(params, cfg, h)), cache.advance()

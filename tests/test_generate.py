@@ -1,0 +1,148 @@
+"""`wq_jax.generate` end to end on a tiny converted LLaVA-OneVision and real encoded mp4 files."""
+import logging
+
+import jax
+import numpy as np
+import pytest
+import torch
+
+import wq_jax
+from wq_jax import WindowQuantConfig
+from wq_jax import generation as generate_module
+from wq_jax import video as video_io
+
+PROMPT = "What is happening in this video?"
+FRAMES = 16  # 16 frames x 9 tokens + the newline = 145 visual tokens: 18 windows of 8
+SMALL_WINDOWS = WindowQuantConfig(window_size=8)
+
+
+@pytest.fixture(scope="module")
+def model(llava_converted):
+  return wq_jax.load(llava_converted.folder)
+
+
+@pytest.fixture(scope="module")
+def videos(tmp_path_factory):
+  folder = tmp_path_factory.mktemp("videos")
+  paths = []
+  for seed in range(4):
+    frames = video_io.synthetic_frames(FRAMES, 64, 80, seed=seed)
+    paths.append(str(video_io.write_test_video(folder / f"clip{seed}.mp4", frames)))
+  return paths
+
+
+def hf_greedy(hf_model, inputs, steps):
+  with torch.no_grad():
+    out = hf_model.generate(**{k: torch.from_numpy(v) for k, v in inputs.items()}, max_new_tokens=steps,
+                            do_sample=False)
+  return out[0, inputs["input_ids"].shape[1]:].numpy()
+
+
+def test_fp16_greedy_tokens_equal_transformers_generate(model, videos, llava_hf):
+  inputs = wq_jax.preprocess(model, videos[0], PROMPT, num_frames=FRAMES)
+  want = hf_greedy(llava_hf.model, inputs, 16)
+  got = wq_jax.generate(model, videos[0], PROMPT, method="fp16", num_frames=FRAMES, max_new_tokens=16)
+  np.testing.assert_array_equal(got.token_ids, want[: len(got.token_ids)])
+  assert len(got.token_ids) == 16 or want[len(got.token_ids)] == model.tokenizer.eos_token_id
+
+
+def test_windowquant_fixes_window_zero_and_saves_bytes(model, videos):
+  fp16 = wq_jax.generate(model, videos[1], PROMPT, method="fp16", num_frames=FRAMES, max_new_tokens=4)
+  wq = wq_jax.generate(model, videos[1], PROMPT, method="windowquant", config=SMALL_WINDOWS, num_frames=FRAMES,
+                       max_new_tokens=4)
+  assert wq.bit_plan.shape == (2, 145 // 8)
+  assert np.all(wq.bit_plan[:, 0] == 16)
+  assert (wq.bit_plan < 16).any(), "the tiny model's plan should quantize something"
+  assert wq.kv_cache_bytes < fp16.kv_cache_bytes
+  assert set(wq.timings) >= {"prefill_s", "search_s", "quantize_s", "decode_s", "tokens_per_s"}
+
+
+def test_reorder_false_generates_the_same_tokens(model, videos):
+  common = dict(method="windowquant", num_frames=FRAMES, max_new_tokens=12)
+  a = wq_jax.generate(model, videos[2], PROMPT, config=SMALL_WINDOWS, **common)
+  b = wq_jax.generate(model, videos[2], PROMPT, config=WindowQuantConfig(window_size=8, reorder=False), **common)
+  np.testing.assert_array_equal(a.bit_plan, b.bit_plan)
+  np.testing.assert_array_equal(a.token_ids, b.token_ids)
+
+
+@pytest.mark.parametrize("method", ["fp16", "rtn4", "kivi2"])
+def test_each_request_of_a_batch_generates_what_it_generates_alone(model, videos, method):
+  prompts = [PROMPT, "Describe the video in detail, please, with every person and animal.", "Why?"]
+  kw = dict(method=method, num_frames=FRAMES, max_new_tokens=10, return_logits=True)
+  batch = wq_jax.generate(model, videos[:3], prompts, **kw)
+  for i in range(3):
+    alone = wq_jax.generate(model, videos[i], prompts[i], **kw)
+    if method == "fp16":
+      np.testing.assert_array_equal(batch.token_ids[i], alone.token_ids)
+    else:  # the batch shares one plan, so only the first (prefill) token must agree
+      assert batch.token_ids[i][0] == alone.token_ids[0]
+    np.testing.assert_allclose(batch.logits[i, 0], alone.logits[0, 0], rtol=1e-4, atol=1e-4)
+
+
+def test_logits_are_returned_per_step(model, videos):
+  g = wq_jax.generate(model, videos[0], PROMPT, method="fp16", num_frames=FRAMES, max_new_tokens=5,
+                      return_logits=True)
+  assert g.logits.shape[:2] == (1, len(g.token_ids)) and g.logits.shape[2] == model.config.text.vocab_size
+  np.testing.assert_array_equal(g.logits[0].argmax(-1), g.token_ids)
+
+
+class CompileCounter(logging.Handler):
+  def __init__(self):
+    super().__init__()
+    self.count = 0
+
+  def emit(self, record):
+    if record.getMessage().startswith("Compiling"):
+      self.count += 1
+
+
+def test_new_requests_of_one_video_length_barely_compile(model, videos):
+  prompts = ["What is the person doing?", "Where does the scene take place?", "How many people appear?",
+             "Is there a dog in the video?", "What colour is the moving square?"]
+  kw = dict(method="windowquant", config=SMALL_WINDOWS, num_frames=FRAMES, max_new_tokens=6)
+  wq_jax.generate(model, videos[0], PROMPT, **kw)
+  counter = CompileCounter()
+  logger = logging.getLogger("jax")
+  logger.addHandler(counter)
+  try:
+    with jax.log_compiles(True):
+      for i, prompt in enumerate(prompts):
+        wq_jax.generate(model, videos[(i + 1) % 4], prompt, **kw)
+  finally:
+    logger.removeHandler(counter)
+  assert counter.count <= 6
+
+
+def test_missing_and_unreadable_videos_are_named(model, tmp_path):
+  missing = tmp_path / "nope.mp4"
+  with pytest.raises(FileNotFoundError, match="nope.mp4"):
+    wq_jax.generate(model, str(missing), PROMPT)
+  junk = tmp_path / "junk.mp4"
+  junk.write_bytes(b"this is not a video" * 10)
+  with pytest.raises(video_io.VideoDecodeError, match="junk.mp4"):
+    wq_jax.generate(model, str(junk), PROMPT)
+
+
+def test_empty_prompt_is_refused(model, videos):
+  with pytest.raises(ValueError, match="prompt is empty"):
+    wq_jax.generate(model, videos[0], "   ")
+
+
+def test_too_long_for_the_context(model, videos, monkeypatch):
+  monkeypatch.setitem(model.hf_config["text_config"], "max_position_embeddings", 100)
+  with pytest.raises(ValueError, match="context is 100 tokens"):
+    wq_jax.generate(model, videos[0], PROMPT, num_frames=FRAMES)
+
+
+def test_not_enough_device_memory_is_said_up_front(model, videos, monkeypatch):
+  monkeypatch.setattr(generate_module, "_device_free_bytes", lambda: 1000)
+  called = []
+  monkeypatch.setattr(generate_module, "_prefill", lambda *a, **k: called.append(1))
+  with pytest.raises(generate_module.DeviceMemoryError, match="GiB"):
+    wq_jax.generate(model, videos[0], PROMPT, num_frames=FRAMES)
+  assert not called
+
+
+def test_a_folder_that_is_not_a_converted_checkpoint(tmp_path):
+  with pytest.raises(Exception, match="not a converted checkpoint"):
+    wq_jax.load(tmp_path)

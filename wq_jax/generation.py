@@ -1,0 +1,315 @@
+"""`generate`: WindowQuant inference from a video and a prompt, end to end (SPEC §2-3).
+
+    frames -> vision tower -> full-precision prefill (first token, K/V, layer sensitivities)
+           -> window search -> one jitted reorder + quantize of the visual K/V
+           -> a jitted decode loop (`lax.while_loop`, stopping at EOS) over the cache
+
+Only visual tokens are quantized; the first token comes from the prefill and is
+not recomputed. Every method runs through this one path. A batch shares one
+plan (majority vote) and is padded on the right; the prompt length is padded
+to a bucket and plans fall into shape buckets, so new requests of one video
+length rarely compile anything.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models import family as family_lib
+from models import qwen2
+from wq_jax import methods, parallel, search
+from wq_jax.api import Model, as_batch, load_frames
+from wq_jax.buckets import round_up
+
+SEQ_ALIGN = 64  # prompts are padded to a multiple of this, so similar prompts share compilations
+
+
+class DeviceMemoryError(MemoryError):
+  """The request's prefill and cache would not fit the device's free memory."""
+
+
+@dataclasses.dataclass
+class Generation:
+  """What `generate` returns. For a batch, `text` and `token_ids` are lists (one per request)."""
+  text: str | list[str]
+  token_ids: np.ndarray | list[np.ndarray]
+  bit_plan: np.ndarray  # int32 [layers, windows], original window order
+  kv_cache_bytes: int  # device bytes of the cache actually held
+  timings: dict[str, float]  # prefill_s, search_s, quantize_s, decode_s, tokens_per_s
+  logits: np.ndarray | None = None  # [B, steps, V] float32, when asked
+  method: str = ""
+  window_scores: np.ndarray | None = None  # float32 [B, windows]: each window's similarity (Eq. 8)
+  fp16_cache_bytes: int = 0  # what the same cache takes with every window in high precision
+
+  def bits_per_layer(self) -> list[dict[int, int]]:
+    return [{b: int((row == b).sum()) for b in (16, 4, 2)} for row in self.bit_plan]
+
+
+def generate(params: Model, video, prompt, *, method: str = "windowquant", config=None,
+             num_frames: int | None = None, max_new_tokens: int = 64, attention: str = "xla",
+             return_logits: bool = False, temperature: float = 0.0, top_p: float = 1.0,
+             seed: int = 0, mesh=None) -> Generation:
+  """Answers `prompt` about `video` (a path, uint8 [T, H, W, 3], or a list of frames).
+
+  A list of videos with a list of prompts is one batch. `method` is a name from
+  `wq_jax.methods.METHODS`, `config` its config (e.g. `WindowQuantConfig`);
+  `attention` a decode-attention implementation ("xla" or "pallas"). With a
+  `mesh` (`wq_jax.parallel.data_mesh()`), the batch is split across its 'data'
+  axis (padded with copies of the last request, whose results are dropped);
+  place the weights once with `wq_jax.parallel.replicate(model, mesh)`.
+  """
+  model = params
+  if not isinstance(model, Model):
+    raise TypeError("generate takes the Model that wq_jax.load(path) returns")
+  if max_new_tokens < 1:
+    raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+  videos, prompts = as_batch(video, prompt)
+  videos, prompts, real = parallel.pad_requests(videos, prompts, parallel.data_size(mesh))
+  spec, config = methods.resolve(method, config)
+  options = spec.cache_options(config)
+  frames = load_frames(videos, num_frames)
+  if len({f.shape[0] for f in frames}) > 1:
+    raise ValueError("a batch needs videos of the same number of frames: pass num_frames")
+
+  from models.inputs import INPUT_BUILDERS
+  tokenizer = model.tokenizer
+  inputs = INPUT_BUILDERS[model.model_type](model.config, tokenizer, model.processor_config, frames, prompts)
+  seq_lens = inputs["attention_mask"].sum(axis=1).astype(int)
+  _check_context(model, int(seq_lens.max()), max_new_tokens)
+  _check_memory(model, batch=len(prompts), tokens=round_up(int(seq_lens.max()), SEQ_ALIGN) + max_new_tokens)
+  inputs = pad_sequence(inputs, round_up(inputs["input_ids"].shape[1], SEQ_ALIGN), _pad_id(tokenizer))
+  if mesh is not None:
+    inputs = parallel.shard_inputs(inputs, mesh, len(prompts))
+
+  family, cfg = model.family, model.config
+  timings = {}
+  start = time.perf_counter()
+  embedded = family.embed_inputs(model.params, cfg, inputs)
+  pre = _prefill(model.params["decoder"], cfg.text, embedded.embeds, embedded.positions, embedded.attention_mask,
+                 implementation=_prefill_attention(model))
+  first_logits = jax.block_until_ready(pre.logits)
+  timings["prefill_s"] = time.perf_counter() - start
+
+  start = time.perf_counter()
+  visual_start, num_visual = visual_block(np.asarray(embedded.visual_mask), seq_lens)
+  scores, sensitivity = _search_inputs(embedded.embeds, embedded.attention_mask, pre.sensitivity,
+                                       visual_start=visual_start, num_visual=num_visual,
+                                       window_size=options.window_size)
+  plan = spec.plan(config, methods.PlanInputs(np.asarray(scores), np.asarray(sensitivity), cfg.text.num_layers,
+                                              visual_start, num_visual, seq_lens.tolist()))
+  timings["search_s"] = time.perf_counter() - start
+
+  start = time.perf_counter()
+  cache = methods.build_method_cache(options, pre.keys, pre.values, plan, visual_start=visual_start,
+                                     num_visual=num_visual, seq_lens=seq_lens.tolist(),
+                                     max_new_tokens=max_new_tokens)
+  cache = jax.block_until_ready(cache)
+  timings["quantize_s"] = time.perf_counter() - start
+  kv_cache_bytes = cache.nbytes
+  fp16_bytes = high_precision_bytes(cache)
+  next_positions = _next_positions(embedded.positions, embedded.attention_mask)
+  del pre, embedded
+
+  start = time.perf_counter()
+  tokens, count, step_logits = _decode_loop(
+      model.params["decoder"], cfg.text, cache, first_logits, next_positions, jnp.asarray(_eos_ids(model)),
+      jax.random.PRNGKey(seed), jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p),
+      steps=max_new_tokens, implementation=attention, return_logits=return_logits, greedy=temperature <= 0)
+  tokens = np.asarray(tokens)[:real]
+  timings["decode_s"] = time.perf_counter() - start
+  count = int(count)
+  tokens = tokens[:, :count]
+  generated = sum(len(_until_eos(row, _eos_ids(model))) for row in tokens)
+  timings["tokens_per_s"] = generated / max(timings["decode_s"], 1e-9)
+  rows = [_until_eos(row, _eos_ids(model)) for row in tokens]
+  texts = [tokenizer.decode(r, skip_special_tokens=True) for r in rows]
+  single = not isinstance(prompt, (list, tuple))
+  return Generation(
+      text=texts[0] if single else texts, token_ids=rows[0] if single else rows,
+      bit_plan=np.asarray(plan, np.int32), kv_cache_bytes=kv_cache_bytes, timings=timings,
+      logits=np.asarray(step_logits)[:real, :count] if return_logits else None, method=method,
+      window_scores=np.asarray(scores)[:real], fp16_cache_bytes=fp16_bytes)
+
+
+def high_precision_bytes(cache) -> int:
+  """Bytes of the same cache with every window kept in the model's dtype (no bucket padding)."""
+  rest = cache.rest_k
+  _, b, k, _, h = rest.shape
+  windows = int(np.asarray(cache.plan).size) if hasattr(cache, "plan") else int(np.asarray(cache.counts).sum())
+  return 2 * (windows * cache.window_size + rest.shape[0] * rest.shape[3]) * b * k * h * rest.dtype.itemsize
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _check_context(model: Model, tokens: int, max_new_tokens: int) -> None:
+  limit = model.max_positions
+  if limit is not None and tokens + max_new_tokens > limit:
+    raise ValueError(f"the prompt and video take {tokens} tokens and {max_new_tokens} more are asked, "
+                     f"but the model's context is {limit} tokens: use fewer frames or a shorter prompt")
+
+
+def _device_free_bytes() -> int | None:
+  device = jax.devices()[0]
+  stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+  if stats and "bytes_limit" in stats:
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+  if device.platform == "cpu" and hasattr(os, "sysconf"):
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+  return None
+
+
+def estimate_request_bytes(model: Model, *, batch: int, tokens: int) -> int:
+  """Device bytes a request needs beyond the weights: the full-precision prefill K/V (which
+  the cache is built from), the cache at worst (all high precision), and prefill activations."""
+  t = model.config.text
+  item = jnp.dtype(model.dtype).itemsize
+  kv = 2 * t.num_layers * batch * t.num_kv_heads * tokens * t.head_dim * item
+  activations = batch * tokens * (4 * t.hidden_size + 3 * t.intermediate_size) * 4
+  return 2 * kv + activations
+
+
+def _check_memory(model: Model, *, batch: int, tokens: int) -> None:
+  need = estimate_request_bytes(model, batch=batch, tokens=tokens)
+  free = _device_free_bytes()
+  if free is not None and need > free:
+    raise DeviceMemoryError(f"this request needs about {need / 2**30:.1f} GiB of device memory "
+                            f"(batch {batch}, {tokens} tokens) but {free / 2**30:.1f} GiB are free: "
+                            f"use fewer frames or a smaller batch")
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def pad_sequence(inputs: dict[str, np.ndarray], length: int, pad_id: int) -> dict[str, np.ndarray]:
+  """Right-pads the token-axis arrays of transformers-style inputs to `length`."""
+  out = dict(inputs)
+  extra = length - inputs["input_ids"].shape[1]
+  if extra <= 0:
+    return out
+  for key, fill in (("input_ids", pad_id), ("attention_mask", 0), ("mm_token_type_ids", 0)):
+    if key in out:
+      out[key] = np.pad(out[key], [(0, 0), (0, extra)], constant_values=fill)
+  return out
+
+
+def _pad_id(tokenizer) -> int:
+  return tokenizer.eos_token_id if tokenizer.pad_token_id is None else tokenizer.pad_token_id
+
+
+def _eos_ids(model: Model) -> list[int]:
+  ids = {model.tokenizer.eos_token_id}
+  gen = model.root / "generation_config.json"
+  if gen.is_file():
+    import json
+    eos = json.loads(gen.read_text()).get("eos_token_id")
+    ids |= set(eos if isinstance(eos, list) else [eos])
+  return sorted(i for i in ids if i is not None)
+
+
+def _until_eos(row: np.ndarray, eos: list[int]) -> np.ndarray:
+  stops = np.nonzero(np.isin(row, eos))[0]
+  return row[: stops[0]] if len(stops) else row
+
+
+def _prefill_attention(model: Model) -> str | None:
+  """cudnn's fused attention on GPU in 16-bit; XLA otherwise."""
+  if jax.default_backend() == "gpu" and model.dtype in ("bfloat16", "float16"):
+    return "cudnn"
+  return None
+
+
+def visual_block(visual_mask: np.ndarray, seq_lens) -> tuple[int, int]:
+  """(start, count) of the visual tokens, which must be one block at one place in every request."""
+  blocks = set()
+  for row, n in zip(visual_mask, seq_lens):
+    where = np.nonzero(row[:n])[0]
+    if len(where) == 0:
+      raise ValueError("the request holds no visual tokens")
+    if where[-1] - where[0] + 1 != len(where):
+      raise ValueError("the visual tokens of a request must be one contiguous block")
+    blocks.add((int(where[0]), len(where)))
+  if len(blocks) != 1:
+    raise ValueError(f"requests of a batch must place the same number of visual tokens at the same "
+                     f"position; found (start, count) {sorted(blocks)}")
+  return blocks.pop()
+
+
+def _prefill(params, cfg, embeds, positions, mask, *, implementation):
+  return family_lib.prefill(params, cfg, embeds, positions, mask, last_only=True, implementation=implementation)
+
+
+@functools.partial(jax.jit, static_argnames=("visual_start", "num_visual", "window_size"))
+def _search_inputs(embeds, attention_mask, sensitivity, *, visual_start, num_visual, window_size):
+  """Window scores [B, W] against the text after the video, and batch-mean sensitivity [L]."""
+  visual = jax.lax.slice_in_dim(embeds, visual_start, visual_start + num_visual, axis=1)
+  after = jnp.arange(embeds.shape[1])[None, :] >= visual_start + num_visual
+  text_mask = attention_mask.astype(bool) & after
+  scores = search.window_scores(embeds, visual, window_size, text_mask=text_mask)
+  return scores, sensitivity.mean(axis=1)
+
+
+@jax.jit
+def _next_positions(positions, attention_mask):
+  """The RoPE position of the first generated token: one past the largest valid position."""
+  valid = attention_mask.astype(bool)
+  if positions.ndim == 3:  # M-RoPE [3, B, T]
+    valid = valid[None]
+  largest = jnp.where(valid, positions, -1).max(axis=-1)
+  if positions.ndim == 3:
+    largest = largest.max(axis=0)
+  return (largest + 1).astype(jnp.int32)
+
+
+def _pick(logits, key, temperature, top_p, greedy: bool):
+  if greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  scaled = logits / temperature
+  order = jnp.argsort(-scaled, axis=-1)
+  sorted_logits = jnp.take_along_axis(scaled, order, axis=-1)
+  probs = jax.nn.softmax(sorted_logits, axis=-1)
+  keep = jnp.cumsum(probs, axis=-1) - probs < top_p  # the smallest prefix reaching top_p
+  choice = jax.random.categorical(key, jnp.where(keep, sorted_logits, -jnp.inf), axis=-1)
+  return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "steps", "implementation", "return_logits", "greedy"))
+def _decode_loop(params, cfg, cache, first_logits, next_positions, eos_ids, key, temperature, top_p, *, steps,
+                 implementation, return_logits, greedy):
+  """Tokens [B, steps] (the first from the prefill logits), how many were made, and their logits."""
+  b, v = first_logits.shape
+  key, sub = jax.random.split(key)
+  first = _pick(first_logits, sub, temperature, top_p, greedy)
+  tokens = jnp.zeros((b, steps), jnp.int32).at[:, 0].set(first)
+  logits_buf = jnp.zeros((b, steps if return_logits else 1, v), jnp.float32)
+  if return_logits:
+    logits_buf = logits_buf.at[:, 0].set(first_logits)
+  done = jnp.isin(first, eos_ids)
+  mrope = cfg.mrope_section is not None
+
+  def cond(state):
+    i, _, _, done, _, _ = state
+    return (i < steps) & ~jnp.all(done)
+
+  def body(state):
+    i, cache, tokens, done, key, logits_buf = state
+    pos = next_positions + i - 1
+    if mrope:
+      pos = jnp.broadcast_to(pos, (3, b))
+    logits, cache = qwen2.decode_step(params, cfg, tokens[:, i - 1], pos, cache, implementation=implementation)
+    key, sub = jax.random.split(key)
+    nxt = jnp.where(done, tokens[:, i - 1], _pick(logits, sub, temperature, top_p, greedy))
+    if return_logits:
+      logits_buf = logits_buf.at[:, i].set(logits)
+    return i + 1, cache, tokens.at[:, i].set(nxt), done | jnp.isin(nxt, eos_ids), key, logits_buf
+
+  count, _, tokens, _, _, logits_buf = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), cache, tokens, done, key, logits_buf))
+  return tokens, count, logits_buf
