@@ -36,20 +36,19 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
-def tiny_tokenizer(vocab_size: int = 320):
-  """A byte-level BPE tokenizer (any text encodes) with the special tokens first (ids 0-4)."""
+def tiny_tokenizer(vocab_size: int = 320, special_tokens=SPECIAL_TOKENS, chat_template=LLAVA_ONEVISION_CHAT_TEMPLATE):
+  """A byte-level BPE tokenizer (any text encodes) with the special tokens first (ids 0, 1, ...)."""
   from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
   from transformers import PreTrainedTokenizerFast
 
   tok = Tokenizer(models.BPE())
   tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
   tok.decoder = decoders.ByteLevel()
-  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS),
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(special_tokens),
                                 initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
   tok.train_from_iterator(_CORPUS, trainer)
   return PreTrainedTokenizerFast(
-      tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-      chat_template=LLAVA_ONEVISION_CHAT_TEMPLATE)
+      tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", chat_template=chat_template)
 
 
 def tiny_llava_onevision_config(tokenizer, **overrides: Any) -> dict:
@@ -150,4 +149,68 @@ def save_tiny_llava_onevision(folder, seed: int = 0, **overrides: Any):
       "processor_class": "LlavaOnevisionProcessor", "num_image_tokens": num_image_tokens,
       "vision_feature_select_strategy": cfg.vision_feature_select_strategy,
       "vision_aspect_ratio": cfg.vision_aspect_ratio}, indent=2))
+  return model
+
+
+# ----------------------------------------------------------------------------- Qwen2-VL / Qwen2.5-VL
+
+QWEN_SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                       "<|image_pad|>", "<|video_pad|>")
+# Qwen2-VL's template for one user turn: a system line, media in vision markers, then the text.
+QWEN2_VL_CHAT_TEMPLATE = (
+    "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}"
+    "{% endif %}{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif content['type'] == 'video' %}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def tiny_qwen2_vl_config(tokenizer, model_type: str = "qwen2_vl") -> dict:
+  """config.json for a tiny Qwen2-VL (or Qwen2.5-VL): Qwen2 64 wide, 2 layers; tower 32 wide, 4 px patches."""
+  ids = tokenizer.convert_tokens_to_ids
+  text = {
+      "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "vocab_size": len(tokenizer), "rms_norm_eps": 1e-6,
+      "max_position_embeddings": 4096, "eos_token_id": ids("<|im_end|>"), "bos_token_id": ids("<|endoftext|>"),
+      "rope_parameters": {"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+  }
+  if model_type == "qwen2_vl":
+    vision = {"depth": 2, "embed_dim": 32, "num_heads": 2, "mlp_ratio": 2, "hidden_size": 64, "patch_size": 4}
+  else:
+    vision = {"depth": 3, "hidden_size": 32, "num_heads": 2, "intermediate_size": 48, "out_hidden_size": 64,
+              "patch_size": 4, "window_size": 16, "fullatt_block_indexes": [1], "tokens_per_second": 2}
+  return {"model_type": model_type, "text_config": text, "vision_config": vision, "tie_word_embeddings": False,
+          "image_token_id": ids("<|image_pad|>"), "video_token_id": ids("<|video_pad|>"),
+          "vision_start_token_id": ids("<|vision_start|>"), "vision_end_token_id": ids("<|vision_end|>")}
+
+
+def save_tiny_qwen2_vl(folder, model_type: str = "qwen2_vl", seed: int = 0):
+  """A complete tiny Qwen2-VL / Qwen2.5-VL HF folder (weights, tokenizer, processor configs);
+  returns the transformers model (float32, eval mode)."""
+  import torch
+  import transformers
+
+  folder = Path(folder)
+  tokenizer = tiny_tokenizer(special_tokens=QWEN_SPECIAL_TOKENS, chat_template=QWEN2_VL_CHAT_TEMPLATE)
+  torch.manual_seed(seed)
+  cfg = transformers.CONFIG_MAPPING[model_type].from_dict(tiny_qwen2_vl_config(tokenizer, model_type))
+  architecture = {"qwen2_vl": "Qwen2VLForConditionalGeneration",
+                  "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}[model_type]
+  model = getattr(transformers, architecture)(cfg)
+  randomize_(model, seed)
+  model.eval()
+  model.save_pretrained(folder)
+  tokenizer.save_pretrained(folder)
+  processor = {"do_convert_rgb": True, "do_normalize": True, "do_rescale": True, "do_resize": True,
+               "image_mean": list(CLIP_MEAN), "image_std": list(CLIP_STD), "resample": 3,
+               "rescale_factor": 1 / 255, "patch_size": 4, "temporal_patch_size": 2, "merge_size": 2,
+               "min_pixels": 16 * 16, "max_pixels": 32 * 32,
+               "size": {"shortest_edge": 16 * 16, "longest_edge": 32 * 32}}
+  (folder / "preprocessor_config.json").write_text(json.dumps(
+      {**processor, "image_processor_type": "Qwen2VLImageProcessor"}, indent=2))
+  (folder / "video_preprocessor_config.json").write_text(json.dumps(
+      {**processor, "video_processor_type": "Qwen2VLVideoProcessor"}, indent=2))
   return model
