@@ -47,37 +47,37 @@ LLAVA_ONEVISION_PINPOINTS = tuple((384 * i, 384 * j) for i in range(1, 7) for j 
 
 @dataclasses.dataclass(frozen=True)
 class PixelSteps:
-    """Resize filter plus the rescale / normalize steps shared by all families."""
+  """Resize filter plus the rescale / normalize steps shared by all families."""
 
-    do_resize: bool = True
-    resample: int = BICUBIC
-    do_rescale: bool = True
-    rescale_factor: float = 1 / 255
-    do_normalize: bool = True
-    image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
-    image_std: tuple[float, float, float] = OPENAI_CLIP_STD
+  do_resize: bool = True
+  resample: int = BICUBIC
+  do_rescale: bool = True
+  rescale_factor: float = 1 / 255
+  do_normalize: bool = True
+  image_mean: tuple[float, float, float] = OPENAI_CLIP_MEAN
+  image_std: tuple[float, float, float] = OPENAI_CLIP_STD
 
-    @classmethod
-    def from_config(cls, config: Mapping) -> PixelSteps:
-        defaults = cls()
-        kw = {f.name: config.get(f.name) for f in dataclasses.fields(cls)}
-        kw = {k: getattr(defaults, k) if v is None else v for k, v in kw.items()}
-        kw["resample"] = int(kw["resample"])
-        kw["image_mean"] = _per_channel(kw["image_mean"])
-        kw["image_std"] = _per_channel(kw["image_std"])
-        return cls(**kw)
+  @classmethod
+  def from_config(cls, config: Mapping) -> PixelSteps:
+    defaults = cls()
+    kw = {f.name: config.get(f.name) for f in dataclasses.fields(cls)}
+    kw = {k: getattr(defaults, k) if v is None else v for k, v in kw.items()}
+    kw["resample"] = int(kw["resample"])
+    kw["image_mean"] = _per_channel(kw["image_mean"])
+    kw["image_std"] = _per_channel(kw["image_std"])
+    return cls(**kw)
 
-    def finish(self, image: UInt8[np.ndarray, "H W C"]) -> Float32[np.ndarray, "C H W"]:
-        """Rescale and normalize one resized image; channels-first float32."""
-        x = np.moveaxis(image, -1, 0)
-        if self.do_rescale:
-            x = (x.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        if self.do_normalize:
-            x = x.astype(np.float32) if not np.issubdtype(x.dtype, np.floating) else x
-            mean = np.asarray(self.image_mean, dtype=x.dtype)[:, None, None]
-            std = np.asarray(self.image_std, dtype=x.dtype)[:, None, None]
-            x = (x - mean) / std
-        return np.asarray(x, dtype=np.float32)
+  def finish(self, image: UInt8[np.ndarray, "H W C"]) -> Float32[np.ndarray, "C H W"]:
+    """Rescale and normalize one resized image; channels-first float32."""
+    x = np.moveaxis(image, -1, 0)
+    if self.do_rescale:
+      x = (x.astype(np.float64) * self.rescale_factor).astype(np.float32)
+    if self.do_normalize:
+      x = x.astype(np.float32) if not np.issubdtype(x.dtype, np.floating) else x
+      mean = np.asarray(self.image_mean, dtype=x.dtype)[:, None, None]
+      std = np.asarray(self.image_std, dtype=x.dtype)[:, None, None]
+      x = (x - mean) / std
+    return np.asarray(x, dtype=np.float32)
 
 
 # ---------------------------------------------------------------- LLaVA-OneVision
@@ -85,103 +85,101 @@ class PixelSteps:
 
 @dataclasses.dataclass(frozen=True)
 class LlavaOnevisionSettings:
-    """`LlavaOnevisionImageProcessorPil` / `LlavaOnevisionVideoProcessor` settings.
+  """`LlavaOnevisionImageProcessorPil` / `LlavaOnevisionVideoProcessor` settings.
 
-    `size` is a transformers size dict: {"height", "width"} (a fixed size, the
-    checkpoints' 384x384) or {"shortest_edge"} (aspect-preserving)."""
+  `size` is a transformers size dict: {"height", "width"} (a fixed size, the
+  checkpoints' 384x384) or {"shortest_edge"} (aspect-preserving)."""
 
-    steps: PixelSteps = PixelSteps()
-    size: Mapping[str, int] = dataclasses.field(default_factory=lambda: {"height": 384, "width": 384})
-    patch_size: int = 384
-    image_grid_pinpoints: tuple[tuple[int, int], ...] = LLAVA_ONEVISION_PINPOINTS
-    do_pad: bool = True
+  steps: PixelSteps = PixelSteps()
+  size: Mapping[str, int] = dataclasses.field(default_factory=lambda: {"height": 384, "width": 384})
+  patch_size: int = 384
+  image_grid_pinpoints: tuple[tuple[int, int], ...] = LLAVA_ONEVISION_PINPOINTS
+  do_pad: bool = True
 
-    @classmethod
-    def from_config(cls, config: Mapping | None) -> LlavaOnevisionSettings:
-        config = config or {}
-        if config.get("do_center_crop"):
-            raise ValueError("LLaVA-OneVision preprocessing with do_center_crop=True is not supported")
-        size = _size_dict(config.get("size") or {"height": 384, "width": 384})
-        crop = _size_dict(config["crop_size"]) if config.get("crop_size") else {}
-        # The any-res tile edge, chosen as LlavaOnevisionImageProcessorPil._preprocess does.
-        patch_size = crop.get("height") or size.get("height") or size["shortest_edge"]
-        pinpoints = config.get("image_grid_pinpoints") or LLAVA_ONEVISION_PINPOINTS
-        return cls(
-            steps=PixelSteps.from_config(config),
-            size=size,
-            patch_size=patch_size,
-            image_grid_pinpoints=tuple((int(h), int(w)) for h, w in pinpoints),
-            do_pad=config.get("do_pad", True) is not False,
-        )
+  @classmethod
+  def from_config(cls, config: Mapping | None) -> LlavaOnevisionSettings:
+    config = config or {}
+    if config.get("do_center_crop"):
+      raise ValueError("LLaVA-OneVision preprocessing with do_center_crop=True is not supported")
+    size = _size_dict(config.get("size") or {"height": 384, "width": 384})
+    crop = _size_dict(config["crop_size"]) if config.get("crop_size") else {}
+    # The any-res tile edge, chosen as LlavaOnevisionImageProcessorPil._preprocess does.
+    patch_size = crop.get("height") or size.get("height") or size["shortest_edge"]
+    pinpoints = config.get("image_grid_pinpoints") or LLAVA_ONEVISION_PINPOINTS
+    return cls(
+      steps=PixelSteps.from_config(config),
+      size=size,
+      patch_size=patch_size,
+      image_grid_pinpoints=tuple((int(h), int(w)) for h, w in pinpoints),
+      do_pad=config.get("do_pad", True) is not False,
+    )
 
 
 def llava_onevision_video(
-    frames: UInt8[np.ndarray, "T H W 3"], processor_config: Mapping | None = None
+  frames: UInt8[np.ndarray, "T H W 3"], processor_config: Mapping | None = None
 ) -> Float32[np.ndarray, "1 T 3 S S"]:
-    """`pixel_values_videos` for one video, as LlavaOnevisionForConditionalGeneration
-    takes it: each frame resized to `size` (384x384), rescaled, normalized."""
-    settings = LlavaOnevisionSettings.from_config(processor_config)
-    frames = _check_frames(frames)
-    out = [settings.steps.finish(_resize_to_size(f, settings.size, settings.steps)) for f in frames]
-    return np.stack(out)[None]
+  """`pixel_values_videos` for one video, as LlavaOnevisionForConditionalGeneration
+  takes it: each frame resized to `size` (384x384), rescaled, normalized."""
+  settings = LlavaOnevisionSettings.from_config(processor_config)
+  frames = _check_frames(frames)
+  out = [settings.steps.finish(_resize_to_size(f, settings.size, settings.steps)) for f in frames]
+  return np.stack(out)[None]
 
 
 def llava_onevision_images(
-    images: Sequence[ImageLike], processor_config: Mapping | None = None
+  images: Sequence[ImageLike], processor_config: Mapping | None = None
 ) -> tuple[Float32[np.ndarray, "B P 3 S S"], Int64[np.ndarray, "B 2"]]:
-    """(`pixel_values`, `image_sizes`) for a batch of single images, any-res:
-    each image gives its whole view resized to S x S followed by the S x S tiles
-    of the best grid resolution (aspect-preserving resize, centered zero pad);
-    the batch is zero-padded to the largest tile count when `do_pad`."""
-    settings = LlavaOnevisionSettings.from_config(processor_config)
-    pixel_values, sizes = [], []
-    for image in images:
-        image = to_rgb_array(image)
-        tiles = [_resize(image, _pair(settings.size), settings.steps.resample)]
-        tiles += _anyres_tiles(image, settings)
-        tiles = [settings.steps.finish(_resize_to_size(t, settings.size, settings.steps)) for t in tiles]
-        pixel_values.append(np.stack(tiles))
-        sizes.append(image.shape[:2])
-    if settings.do_pad:
-        most = max(len(p) for p in pixel_values)
-        pixel_values = [np.pad(p, ((0, most - len(p)), (0, 0), (0, 0), (0, 0))) for p in pixel_values]
-    return np.stack(pixel_values), np.asarray(sizes, dtype=np.int64)
+  """(`pixel_values`, `image_sizes`) for a batch of single images, any-res:
+  each image gives its whole view resized to S x S followed by the S x S tiles
+  of the best grid resolution (aspect-preserving resize, centered zero pad);
+  the batch is zero-padded to the largest tile count when `do_pad`."""
+  settings = LlavaOnevisionSettings.from_config(processor_config)
+  pixel_values, sizes = [], []
+  for image in images:
+    image = to_rgb_array(image)
+    tiles = [_resize(image, _pair(settings.size), settings.steps.resample)]
+    tiles += _anyres_tiles(image, settings)
+    tiles = [settings.steps.finish(_resize_to_size(t, settings.size, settings.steps)) for t in tiles]
+    pixel_values.append(np.stack(tiles))
+    sizes.append(image.shape[:2])
+  if settings.do_pad:
+    most = max(len(p) for p in pixel_values)
+    pixel_values = [np.pad(p, ((0, most - len(p)), (0, 0), (0, 0), (0, 0))) for p in pixel_values]
+  return np.stack(pixel_values), np.asarray(sizes, dtype=np.int64)
 
 
 def select_best_resolution(size: tuple[int, int], resolutions: Sequence[tuple[int, int]]) -> tuple[int, int]:
-    """The (height, width) grid resolution that keeps the most of the image's
-    pixels, then wastes the least (transformers' `select_best_resolution`)."""
-    height, width = size
-    best, best_effective, best_wasted = None, 0, float("inf")
-    for res_h, res_w in resolutions:
-        scale = min(res_w / width, res_h / height)
-        effective = min(int(width * scale) * int(height * scale), width * height)
-        wasted = res_w * res_h - effective
-        if effective > best_effective or (effective == best_effective and wasted < best_wasted):
-            best, best_effective, best_wasted = (res_h, res_w), effective, wasted
-    return best
+  """The (height, width) grid resolution that keeps the most of the image's
+  pixels, then wastes the least (transformers' `select_best_resolution`)."""
+  height, width = size
+  best, best_effective, best_wasted = None, 0, float("inf")
+  for res_h, res_w in resolutions:
+    scale = min(res_w / width, res_h / height)
+    effective = min(int(width * scale) * int(height * scale), width * height)
+    wasted = res_w * res_h - effective
+    if effective > best_effective or (effective == best_effective and wasted < best_wasted):
+      best, best_effective, best_wasted = (res_h, res_w), effective, wasted
+  return best
 
 
 def _anyres_tiles(image: np.ndarray, settings: LlavaOnevisionSettings) -> list[np.ndarray]:
-    target = select_best_resolution(image.shape[:2], settings.image_grid_pinpoints)
-    resized = _resize(image, _fit_inside(image.shape[:2], target), settings.steps.resample)
-    # Padding is computed from the resized size, as transformers does.
-    fit_h, fit_w = _fit_inside(resized.shape[:2], target)
-    top, left = (target[0] - fit_h) // 2, (target[1] - fit_w) // 2
-    padded = np.pad(
-        resized, ((top, target[0] - fit_h - top), (left, target[1] - fit_w - left), (0, 0))
-    )
-    p = settings.patch_size
-    return [padded[i : i + p, j : j + p] for i in range(0, target[0], p) for j in range(0, target[1], p)]
+  target = select_best_resolution(image.shape[:2], settings.image_grid_pinpoints)
+  resized = _resize(image, _fit_inside(image.shape[:2], target), settings.steps.resample)
+  # Padding is computed from the resized size, as transformers does.
+  fit_h, fit_w = _fit_inside(resized.shape[:2], target)
+  top, left = (target[0] - fit_h) // 2, (target[1] - fit_w) // 2
+  padded = np.pad(resized, ((top, target[0] - fit_h - top), (left, target[1] - fit_w - left), (0, 0)))
+  p = settings.patch_size
+  return [padded[i : i + p, j : j + p] for i in range(0, target[0], p) for j in range(0, target[1], p)]
 
 
 def _fit_inside(size: tuple[int, int], target: tuple[int, int]) -> tuple[int, int]:
-    """Aspect-preserving size inside `target` (transformers' `get_patch_output_size`)."""
-    (height, width), (target_h, target_w) = size, target
-    scale_w, scale_h = target_w / width, target_h / height
-    if scale_w < scale_h:
-        return min(math.ceil(height * scale_w), target_h), target_w
-    return target_h, min(math.ceil(width * scale_h), target_w)
+  """Aspect-preserving size inside `target` (transformers' `get_patch_output_size`)."""
+  (height, width), (target_h, target_w) = size, target
+  scale_w, scale_h = target_w / width, target_h / height
+  if scale_w < scale_h:
+    return min(math.ceil(height * scale_w), target_h), target_w
+  return target_h, min(math.ceil(width * scale_h), target_w)
 
 
 # ---------------------------------------------------------------- Qwen2-VL / Qwen2.5-VL
@@ -189,170 +187,170 @@ def _fit_inside(size: tuple[int, int], target: tuple[int, int]) -> tuple[int, in
 
 @dataclasses.dataclass(frozen=True)
 class Qwen2VLSettings:
-    """`Qwen2VLImageProcessorPil` / `Qwen2VLVideoProcessor` settings (Qwen2.5-VL uses the same)."""
+  """`Qwen2VLImageProcessorPil` / `Qwen2VLVideoProcessor` settings (Qwen2.5-VL uses the same)."""
 
-    steps: PixelSteps = PixelSteps()
-    min_pixels: int = 56 * 56
-    max_pixels: int = 28 * 28 * 1280
-    patch_size: int = 14
-    temporal_patch_size: int = 2
-    merge_size: int = 2
-    cap_pixels_per_frame: bool = False
-    max_video_tokens: int = 128000
+  steps: PixelSteps = PixelSteps()
+  min_pixels: int = 56 * 56
+  max_pixels: int = 28 * 28 * 1280
+  patch_size: int = 14
+  temporal_patch_size: int = 2
+  merge_size: int = 2
+  cap_pixels_per_frame: bool = False
+  max_video_tokens: int = 128000
 
-    @classmethod
-    def from_config(cls, config: Mapping | None, video: bool = False) -> Qwen2VLSettings:
-        """Top-level min_pixels / max_pixels override `size` as in the
-        processors' __init__. Video defaults are Qwen2VLVideoProcessor's; the
-        per-frame pixel cap exists for video only."""
-        config = config or {}
-        defaults = cls(min_pixels=128 * 28 * 28, max_pixels=28 * 28 * 768) if video else cls()
-        size = config.get("size") or {}
+  @classmethod
+  def from_config(cls, config: Mapping | None, video: bool = False) -> Qwen2VLSettings:
+    """Top-level min_pixels / max_pixels override `size` as in the
+    processors' __init__. Video defaults are Qwen2VLVideoProcessor's; the
+    per-frame pixel cap exists for video only."""
+    config = config or {}
+    defaults = cls(min_pixels=128 * 28 * 28, max_pixels=28 * 28 * 768) if video else cls()
+    size = config.get("size") or {}
 
-        def pick(*values, default):
-            return next((int(v) for v in values if v is not None), default)
+    def pick(*values, default):
+      return next((int(v) for v in values if v is not None), default)
 
-        return cls(
-            steps=PixelSteps.from_config(config),
-            min_pixels=pick(config.get("min_pixels"), size.get("shortest_edge"), default=defaults.min_pixels),
-            max_pixels=pick(config.get("max_pixels"), size.get("longest_edge"), default=defaults.max_pixels),
-            patch_size=pick(config.get("patch_size"), default=defaults.patch_size),
-            temporal_patch_size=pick(config.get("temporal_patch_size"), default=defaults.temporal_patch_size),
-            merge_size=pick(config.get("merge_size"), default=defaults.merge_size),
-            cap_pixels_per_frame=video and bool(config.get("cap_pixels_per_frame")),
-            max_video_tokens=pick(config.get("max_video_tokens"), default=defaults.max_video_tokens),
-        )
+    return cls(
+      steps=PixelSteps.from_config(config),
+      min_pixels=pick(config.get("min_pixels"), size.get("shortest_edge"), default=defaults.min_pixels),
+      max_pixels=pick(config.get("max_pixels"), size.get("longest_edge"), default=defaults.max_pixels),
+      patch_size=pick(config.get("patch_size"), default=defaults.patch_size),
+      temporal_patch_size=pick(config.get("temporal_patch_size"), default=defaults.temporal_patch_size),
+      merge_size=pick(config.get("merge_size"), default=defaults.merge_size),
+      cap_pixels_per_frame=video and bool(config.get("cap_pixels_per_frame")),
+      max_video_tokens=pick(config.get("max_video_tokens"), default=defaults.max_video_tokens),
+    )
 
 
 def smart_resize(
-    height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280
+  height: int, width: int, factor: int = 28, min_pixels: int = 56 * 56, max_pixels: int = 28 * 28 * 1280
 ) -> tuple[int, int]:
-    """Qwen2-VL's target (height, width): multiples of `factor`, pixel count
-    within [min_pixels, max_pixels], aspect ratio kept as closely as possible."""
-    ratio = max(height, width) / min(height, width)
-    if ratio > 200:
-        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {ratio}")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
+  """Qwen2-VL's target (height, width): multiples of `factor`, pixel count
+  within [min_pixels, max_pixels], aspect ratio kept as closely as possible."""
+  ratio = max(height, width) / min(height, width)
+  if ratio > 200:
+    raise ValueError(f"absolute aspect ratio must be smaller than 200, got {ratio}")
+  h_bar = round(height / factor) * factor
+  w_bar = round(width / factor) * factor
+  if h_bar * w_bar > max_pixels:
+    beta = math.sqrt((height * width) / max_pixels)
+    h_bar = max(factor, math.floor(height / beta / factor) * factor)
+    w_bar = max(factor, math.floor(width / beta / factor) * factor)
+  elif h_bar * w_bar < min_pixels:
+    beta = math.sqrt(min_pixels / (height * width))
+    h_bar = math.ceil(height * beta / factor) * factor
+    w_bar = math.ceil(width * beta / factor) * factor
+  return h_bar, w_bar
 
 
 def qwen2_vl_image(
-    image: ImageLike, processor_config: Mapping | None = None
+  image: ImageLike, processor_config: Mapping | None = None
 ) -> tuple[Float32[np.ndarray, "N E"], Int64[np.ndarray, "1 3"]]:
-    """(`pixel_values`, `image_grid_thw`) for one image; the image is repeated
-    over the temporal patch. Concatenate along axis 0 for a batch."""
-    settings = Qwen2VLSettings.from_config(processor_config)
-    return _qwen2_vl_patches(to_rgb_array(image)[None], settings)
+  """(`pixel_values`, `image_grid_thw`) for one image; the image is repeated
+  over the temporal patch. Concatenate along axis 0 for a batch."""
+  settings = Qwen2VLSettings.from_config(processor_config)
+  return _qwen2_vl_patches(to_rgb_array(image)[None], settings)
 
 
 def qwen2_vl_video(
-    frames: UInt8[np.ndarray, "T H W 3"], processor_config: Mapping | None = None
+  frames: UInt8[np.ndarray, "T H W 3"], processor_config: Mapping | None = None
 ) -> tuple[Float32[np.ndarray, "N E"], Int64[np.ndarray, "1 3"]]:
-    """(`pixel_values_videos`, `video_grid_thw`) for one video: every frame
-    resized to one smart_resize size, rescaled, normalized; the last frame
-    repeated up to a multiple of temporal_patch_size; frames t·tp … t·tp+tp−1
-    form temporal patch t. Concatenate along axis 0 for a batch."""
-    settings = Qwen2VLSettings.from_config(processor_config, video=True)
-    return _qwen2_vl_patches(_check_frames(frames), settings)
+  """(`pixel_values_videos`, `video_grid_thw`) for one video: every frame
+  resized to one smart_resize size, rescaled, normalized; the last frame
+  repeated up to a multiple of temporal_patch_size; frames t·tp … t·tp+tp−1
+  form temporal patch t. Concatenate along axis 0 for a batch."""
+  settings = Qwen2VLSettings.from_config(processor_config, video=True)
+  return _qwen2_vl_patches(_check_frames(frames), settings)
 
 
 def _qwen2_vl_patches(frames: np.ndarray, s: Qwen2VLSettings) -> tuple[np.ndarray, np.ndarray]:
-    if s.steps.do_resize:
-        max_pixels = s.max_pixels
-        if s.cap_pixels_per_frame:
-            # Qwen2VLVideoProcessor.resize: each frame gets an even share of the video's budget.
-            total = int(s.max_video_tokens * (s.patch_size * s.merge_size) ** 2 * 0.9)
-            max_pixels = max(min(max_pixels, total * s.temporal_patch_size // len(frames)), int(s.min_pixels * 1.05))
-        size = smart_resize(*frames.shape[1:3], s.patch_size * s.merge_size, s.min_pixels, max_pixels)
-        frames = [_resize(f, size, s.steps.resample) for f in frames]
-    x = np.stack([s.steps.finish(f) for f in frames])  # [T, C, H, W]
-    tp, p, m = s.temporal_patch_size, s.patch_size, s.merge_size
-    x = np.concatenate([x, np.repeat(x[-1:], -len(x) % tp, axis=0)])
-    num_t, channels, height, width = x.shape
-    grid = (num_t // tp, height // p, width // p)
-    x = x.reshape(grid[0], tp, channels, grid[1] // m, m, p, grid[2] // m, m, p)
-    # -> [t, h-block, w-block, h-in-block, w-in-block, C, tp, p, p]: the merger's
-    # m x m neighbours are adjacent rows; each row is one Conv3d input patch.
-    x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
-    return x.reshape(math.prod(grid), channels * tp * p * p), np.asarray([grid], dtype=np.int64)
+  if s.steps.do_resize:
+    max_pixels = s.max_pixels
+    if s.cap_pixels_per_frame:
+      # Qwen2VLVideoProcessor.resize: each frame gets an even share of the video's budget.
+      total = int(s.max_video_tokens * (s.patch_size * s.merge_size) ** 2 * 0.9)
+      max_pixels = max(min(max_pixels, total * s.temporal_patch_size // len(frames)), int(s.min_pixels * 1.05))
+    size = smart_resize(*frames.shape[1:3], s.patch_size * s.merge_size, s.min_pixels, max_pixels)
+    frames = [_resize(f, size, s.steps.resample) for f in frames]
+  x = np.stack([s.steps.finish(f) for f in frames])  # [T, C, H, W]
+  tp, p, m = s.temporal_patch_size, s.patch_size, s.merge_size
+  x = np.concatenate([x, np.repeat(x[-1:], -len(x) % tp, axis=0)])
+  num_t, channels, height, width = x.shape
+  grid = (num_t // tp, height // p, width // p)
+  x = x.reshape(grid[0], tp, channels, grid[1] // m, m, p, grid[2] // m, m, p)
+  # -> [t, h-block, w-block, h-in-block, w-in-block, C, tp, p, p]: the merger's
+  # m x m neighbours are adjacent rows; each row is one Conv3d input patch.
+  x = x.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)
+  return x.reshape(math.prod(grid), channels * tp * p * p), np.asarray([grid], dtype=np.int64)
 
 
 # ---------------------------------------------------------------- config files and shared steps
 
 
 def read_processor_config(folder: str | os.PathLike, modality: str = "image") -> dict:
-    """The processor settings a checkpoint folder holds for `modality`
-    ("image" or "video"), found as transformers finds them: the nested entry
-    of processor_config.json, else video_preprocessor_config.json (video
-    only), else preprocessor_config.json. Empty when there is none."""
-    if modality not in ("image", "video"):
-        raise ValueError(f"modality must be 'image' or 'video', got {modality!r}")
-    folder = Path(folder)
-    nested = folder / "processor_config.json"
-    if nested.is_file():
-        entry = json.loads(nested.read_text()).get(f"{modality}_processor")
-        if entry is not None:
-            return entry
-    names = ["video_preprocessor_config.json"] if modality == "video" else []
-    for name in names + ["preprocessor_config.json"]:
-        if (folder / name).is_file():
-            return json.loads((folder / name).read_text())
-    return {}
+  """The processor settings a checkpoint folder holds for `modality`
+  ("image" or "video"), found as transformers finds them: the nested entry
+  of processor_config.json, else video_preprocessor_config.json (video
+  only), else preprocessor_config.json. Empty when there is none."""
+  if modality not in ("image", "video"):
+    raise ValueError(f"modality must be 'image' or 'video', got {modality!r}")
+  folder = Path(folder)
+  nested = folder / "processor_config.json"
+  if nested.is_file():
+    entry = json.loads(nested.read_text()).get(f"{modality}_processor")
+    if entry is not None:
+      return entry
+  names = ["video_preprocessor_config.json"] if modality == "video" else []
+  for name in names + ["preprocessor_config.json"]:
+    if (folder / name).is_file():
+      return json.loads((folder / name).read_text())
+  return {}
 
 
 def _resize(image: np.ndarray, size: tuple[int, int], resample: int) -> np.ndarray:
-    """PIL resize of a uint8 [H, W, 3] image to (height, width), as uint8."""
-    height, width = size
-    return np.asarray(Image.fromarray(image).resize((width, height), resample=resample))
+  """PIL resize of a uint8 [H, W, 3] image to (height, width), as uint8."""
+  height, width = size
+  return np.asarray(Image.fromarray(image).resize((width, height), resample=resample))
 
 
 def _resize_to_size(image: np.ndarray, size: Mapping[str, int], steps: PixelSteps) -> np.ndarray:
-    if not steps.do_resize:
-        return image
-    if "height" in size:
-        return _resize(image, (size["height"], size["width"]), steps.resample)
-    # {"shortest_edge": s}: short side to s, long side truncated (torchvision's rule).
-    height, width = image.shape[:2]
-    short, long = sorted((height, width))
-    new_short, new_long = size["shortest_edge"], int(size["shortest_edge"] * long / short)
-    target = (new_long, new_short) if width <= height else (new_short, new_long)
-    return _resize(image, target, steps.resample)
+  if not steps.do_resize:
+    return image
+  if "height" in size:
+    return _resize(image, (size["height"], size["width"]), steps.resample)
+  # {"shortest_edge": s}: short side to s, long side truncated (torchvision's rule).
+  height, width = image.shape[:2]
+  short, long = sorted((height, width))
+  new_short, new_long = size["shortest_edge"], int(size["shortest_edge"] * long / short)
+  target = (new_long, new_short) if width <= height else (new_short, new_long)
+  return _resize(image, target, steps.resample)
 
 
 def _pair(size: Mapping[str, int]) -> tuple[int, int]:
-    return (size["height"], size["width"]) if "height" in size else (size["shortest_edge"],) * 2
+  return (size["height"], size["width"]) if "height" in size else (size["shortest_edge"],) * 2
 
 
 def _size_dict(size) -> dict[str, int]:
-    """transformers' get_size_dict with default_to_square=False."""
-    if isinstance(size, Mapping):
-        if {"height", "width"} <= size.keys() or "shortest_edge" in size:
-            return dict(size)
-        raise ValueError(f"unsupported size {dict(size)}: expected height/width or shortest_edge")
-    if isinstance(size, int):
-        return {"shortest_edge": size}
-    height, width = size
-    return {"height": height, "width": width}
+  """transformers' get_size_dict with default_to_square=False."""
+  if isinstance(size, Mapping):
+    if {"height", "width"} <= size.keys() or "shortest_edge" in size:
+      return dict(size)
+    raise ValueError(f"unsupported size {dict(size)}: expected height/width or shortest_edge")
+  if isinstance(size, int):
+    return {"shortest_edge": size}
+  height, width = size
+  return {"height": height, "width": width}
 
 
 def _per_channel(value) -> tuple[float, float, float]:
-    values = (value,) * 3 if isinstance(value, (int, float)) else tuple(value)
-    if len(values) != 3:
-        raise ValueError(f"image_mean / image_std need 3 channel values, got {value!r}")
-    return tuple(float(v) for v in values)
+  values = (value,) * 3 if isinstance(value, (int, float)) else tuple(value)
+  if len(values) != 3:
+    raise ValueError(f"image_mean / image_std need 3 channel values, got {value!r}")
+  return tuple(float(v) for v in values)
 
 
 def _check_frames(frames) -> np.ndarray:
-    frames = np.asarray(frames)
-    if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or 0 in frames.shape:
-        raise ValueError(f"frames have dtype {frames.dtype} and shape {frames.shape}; expected uint8 [T, H, W, 3]")
-    return frames
+  frames = np.asarray(frames)
+  if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[-1] != 3 or 0 in frames.shape:
+    raise ValueError(f"frames have dtype {frames.dtype} and shape {frames.shape}; expected uint8 [T, H, W, 3]")
+  return frames
