@@ -146,3 +146,13 @@ def test_not_enough_device_memory_is_said_up_front(model, videos, monkeypatch):
 def test_a_folder_that_is_not_a_converted_checkpoint(tmp_path):
   with pytest.raises(Exception, match="not a converted checkpoint"):
     wq_jax.load(tmp_path)
+
+
+@pytest.mark.parametrize("method,config", [("fp16", None), ("rtn2", None), ("kivi2", None),
+                                           ("windowquant", SMALL_WINDOWS)])
+def test_pallas_attention_generates_what_xla_generates(model, videos, method, config):
+  kw = dict(method=method, config=config, num_frames=FRAMES, max_new_tokens=6, return_logits=True)
+  xla = wq_jax.generate(model, videos[3], PROMPT, attention="xla", **kw)
+  pallas = wq_jax.generate(model, videos[3], PROMPT, attention="pallas", **kw)  # interpret mode on CPU
+  np.testing.assert_array_equal(xla.token_ids, pallas.token_ids)
+  np.testing.assert_allclose(xla.logits, pallas.logits, rtol=1e-4, atol=1e-4)

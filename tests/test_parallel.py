@@ -1,4 +1,5 @@
-"""Data parallelism: generate over a 4-device mesh equals generate on one device (CPU, fake devices)."""
+"""Data and tensor parallelism: generate on a 4-device mesh equals generate on one device, for every
+method (CPU, fake devices, in a subprocess since the device count is fixed when JAX starts)."""
 import os
 import subprocess
 import sys
@@ -9,10 +10,14 @@ import pytest
 SCRIPT = Path(__file__).parent / "scripts" / "sharded_generate.py"
 
 
-@pytest.mark.parametrize("method", ["fp16", "windowquant"])
-def test_sharded_generate_equals_unsharded(llava_converted, method):
+ALL_METHODS = ["fp16", "rtn4", "rtn2", "kivi4", "kivi2", "windowquant", "windowquant-C"]
+
+
+@pytest.mark.parametrize("axes,methods", [("data", ["fp16", "windowquant"]), ("data,model", ALL_METHODS)])
+def test_sharded_generate_equals_unsharded(llava_converted, axes, methods):
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-  result = subprocess.run([sys.executable, str(SCRIPT), str(llava_converted.folder), method], env=env,
-                          capture_output=True, text=True, timeout=600, cwd=Path(__file__).parents[1])
+  result = subprocess.run([sys.executable, str(SCRIPT), str(llava_converted.folder), axes, *methods], env=env,
+                          capture_output=True, text=True, timeout=900, cwd=Path(__file__).parents[1])
   assert result.returncode == 0, result.stderr[-3000:]
-  assert "sharded == plain" in result.stdout
+  for name in methods:
+    assert f"{name}: sharded == plain" in result.stdout

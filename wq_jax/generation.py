@@ -92,6 +92,8 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   timings = {}
   start = time.perf_counter()
   embedded = family.embed_inputs(model.params, cfg, inputs)
+  if mesh is not None:  # the requests' embeddings, positions and masks split along 'data'
+    embedded = parallel.shard_batch_axis(embedded, mesh, axes={"positions": embedded.positions.ndim - 2})
   pre = _prefill(model.params["decoder"], cfg.text, embedded.embeds, embedded.positions, embedded.attention_mask,
                  implementation=_prefill_attention(model))
   first_logits = jax.block_until_ready(pre.logits)

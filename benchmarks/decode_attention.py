@@ -1,0 +1,424 @@
+"""Decode attention over one layer of the three-pool cache: Pallas kernel vs cudnn, XLA and a copy.
+
+Qwen2-7B attention shapes (28 query heads, 4 KV heads, head dim 128, bf16),
+batch x tokens per sequence x plan. For each: the median time, the cache's
+compressed bytes (`KVCache.nbytes` of a single-layer cache: codes, scales,
+zeros, high-precision windows and the rest segment), the achieved bandwidth,
+and the ratio to a device-to-device copy, to `jax.nn.dot_product_attention`
+(cudnn) on an all-FP16 cache of the same tokens, and to the "xla"
+dequantize-then-attend path, all measured in the same run.
+
+    PYTHONPATH=. python benchmarks/decode_attention.py            # everything
+    PYTHONPATH=. python benchmarks/decode_attention.py --check    # correctness only
+
+Timing: each measurement runs `inner` independent calls inside one jit (one
+dispatch, distinct queries, caches rotated so that repeated calls do not read
+a warm L2), after a warm-up; the median over repeats, divided by `inner`.
+Writes JSON, a markdown table and a roofline PNG to --out.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pallas_kernels import quantized_decode as qd
+from pallas_kernels import registration
+from wq_jax import attention, cache
+from wq_jax.cache import KVCache, Pool
+
+HEADS, KV_HEADS, HEAD_DIM, WINDOW = 28, 4, 128, 32
+TEXT, NEW = 64, 16  # rest segment: text tokens, then room for generated ones
+PLANS = {"fp16": (1.0, 0.0, 0.0), "mix": (0.15, 0.35, 0.5), "int2": (0.0, 0.0, 1.0), "kivi2": (0.0, 0.0, 1.0)}
+L2_BYTES = 60e6
+
+
+# ----------------------------------------------------------------------------- caches
+
+
+def window_counts(tokens: int, plan: str) -> tuple[int, int, int]:
+  windows = (tokens - TEXT) // WINDOW
+  f16, f4, _ = PLANS[plan]
+  n16 = round(f16 * windows)
+  n4 = round(f4 * windows)
+  return n16, n4, windows - n16 - n4
+
+
+def synthetic_cache(key, batch: int, tokens: int, plan: str) -> KVCache:
+  """A single-layer cache with random codes, scales and values, pools exactly as large as the plan."""
+  counts = window_counts(tokens, plan)
+  group = 32 if plan == "kivi2" else 0
+  keys = iter(jax.random.split(key, 16))
+  bk = (batch, KV_HEADS)
+
+  def pool(bits, n, channel_group=0):
+    t = n * WINDOW
+    if bits == 16:
+      return Pool(jax.random.normal(next(keys), (*bk, t, HEAD_DIM), jnp.bfloat16), None, None, bits=16)
+    meta = (*bk, t, HEAD_DIM // channel_group) if channel_group else (*bk, n, HEAD_DIM)
+    codes = jax.random.bits(next(keys), (*bk, t, HEAD_DIM * bits // 8), jnp.uint8)
+    scale = jax.random.uniform(next(keys), meta, jnp.float32, 0.02, 0.1).astype(jnp.float16)
+    zero = jax.random.randint(next(keys), meta, 0, 1 << bits).astype(jnp.float16)
+    return Pool(codes, scale, zero, bits=bits, channel_group=channel_group)
+
+  k_pools = tuple(pool(bits, n) for bits, n in zip(cache.POOL_BITS, counts))
+  v_pools = tuple(pool(bits, n, group if bits != 16 else 0) for bits, n in zip(cache.POOL_BITS, counts))
+  rest_len = tokens - sum(counts) * WINDOW
+  rest = lambda: jax.random.normal(next(keys), (1, *bk, rest_len + NEW, HEAD_DIM), jnp.bfloat16)
+  return KVCache(
+      k_pools=k_pools, v_pools=v_pools,
+      offsets=jnp.zeros((3, 1), jnp.int32), counts=jnp.array(counts, jnp.int32)[:, None],
+      rest_k=rest(), rest_v=rest(), rest_len=jnp.full((batch,), rest_len, jnp.int32),
+      window_size=WINDOW, slice_windows=counts)
+
+
+def copies(make, nbytes: int, inner: int):
+  """Enough distinct inputs that `inner` calls in a row stream from HBM, not from L2."""
+  n = max(1, min(inner, math.ceil(3 * L2_BYTES / max(nbytes, 1))))
+  return [make(i) for i in range(n)]
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def bench(fn, inputs, queries, repeats=7):
+  """Median seconds a call of fn(q, *inputs[i]) takes, from `len(queries)` calls in one jit."""
+  inner = len(queries)
+  many = jax.jit(lambda ins, qs: [fn(qs[i], *ins[i % len(ins)]) for i in range(inner)])
+  t0 = time.perf_counter()
+  compiled = many.lower(inputs, queries).compile()
+  compile_s = time.perf_counter() - t0
+  outs = jax.block_until_ready(compiled(inputs, queries))
+  finite = all(bool(jnp.isfinite(o).all()) for o in outs[:2])
+  times = []
+  for _ in range(repeats):
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(inputs, queries))
+    times.append(time.perf_counter() - t0)
+  return float(np.median(times)) / inner, compile_s, finite, outs[0]
+
+
+def inner_calls(nbytes: int) -> int:
+  """Calls per timed dispatch: about 2 ms of work, at least 1, at most 32."""
+  est = nbytes / 3e12 + 5e-6
+  return int(min(32, max(1, round(2e-3 / est))))
+
+
+def copy_bandwidth():
+  """Device-to-device copy bandwidth, bytes read + written: through jnp (x + 1) and torch."""
+  out = {}
+  n = 1 << 32  # 4 GiB: one call is ~2 ms, so the dispatch is noise
+  x = jnp.arange(n // 4, dtype=jnp.uint32)
+  t, _, _, _ = bench(lambda c, a: a + c, [(x,)], [jnp.uint32(1)], repeats=9)
+  out["jnp_elementwise_TBps"] = 2 * n / t / 1e12
+  del x
+  try:
+    import torch
+    if torch.cuda.is_available():
+      src = torch.empty(n // 4, dtype=torch.uint8, device="cuda").random_()
+      dst = torch.empty_like(src)
+      for _ in range(3):
+        dst.copy_(src)
+      times = []
+      for _ in range(20):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        torch.cuda.synchronize()
+        times.append(a.elapsed_time(b) / 1e3)
+      out["torch_copy_TBps"] = 2 * (n // 4) / float(np.median(times)) / 1e12
+      del src, dst
+      torch.cuda.empty_cache()
+  except Exception as e:  # torch is optional: report why it is missing
+    out["torch_error"] = repr(e)[:200]
+  return out
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+def pallas_fn(config: qd.DecodeConfig | None):
+  if config is None:
+    return lambda q, c: attention.decode_attention(q, c.layer(0), implementation="pallas")
+
+  def run(q, c):
+    layer = c.layer(0)
+    b, n, h = q.shape
+    qg = (q.astype(jnp.float32) * h ** -0.5).reshape(b, KV_HEADS, n // KV_HEADS, h)
+    pools = [tuple(registration._arrays(p, w) for p, w in zip(ps, layer.slice_windows))
+             for ps in (layer.k_pools, layer.v_pools)]
+    out = qd.quantized_decode(qg, *pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v,
+                              layer.rest_len, window_size=WINDOW, config=config,
+                              tokens_hint=sum(layer.slice_windows) * WINDOW + layer.rest_k.shape[2],
+                              interpret=jax.default_backend() == "cpu")
+    return out.reshape(b, n, h).astype(q.dtype)
+  return run
+
+
+def xla_fn(q, c):
+  return attention.decode_attention(q, c.layer(0), implementation="xla")
+
+
+def cudnn_fn(q, k, v):
+  return jax.nn.dot_product_attention(q[:, None], k, v, implementation="cudnn")[:, 0]
+
+
+def queries(key, batch, inner):
+  return [jax.random.normal(k, (batch, HEADS, HEAD_DIM), jnp.bfloat16) for k in jax.random.split(key, inner)]
+
+
+def rel_err(a, b):
+  a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+  return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+
+
+def measure(batch, tokens, plan, *, key, config=None, with_xla=True):
+  c0 = synthetic_cache(key, batch, tokens, plan)
+  nbytes = c0.nbytes
+  inner = inner_calls(nbytes)
+  caches = [c0] + copies(lambda i: jax.tree.map(lambda x: x + 0 if x.dtype != jnp.uint8 else x ^ jnp.uint8(i + 1),
+                                                c0), nbytes, inner)[1:]
+  qs = queries(jax.random.fold_in(key, 1), batch, inner)
+  row = dict(batch=batch, tokens=tokens, plan=plan, bytes=nbytes, inner=inner, copies=len(caches),
+             windows=list(window_counts(tokens, plan)), config=dataclasses.asdict(config or qd.DecodeConfig()))
+  t, comp, finite, out = bench(pallas_fn(config), [(c,) for c in caches], qs)
+  row.update(pallas_s=t, pallas_compile_s=comp, pallas_finite=finite, pallas_TBps=nbytes / t / 1e12)
+  # Dequantized f32 copies of every pool: skip where they would not fit comfortably.
+  if with_xla and 4 * batch * KV_HEADS * tokens * HEAD_DIM * 4 < 40e9:
+    try:
+      # One distinct cache a call: the dequantization does not depend on q, so shared caches would be CSE'd.
+      k = min(len(caches), 4)
+      t, comp, finite, ref = bench(xla_fn, [(c,) for c in caches[:k]], qs[:k], repeats=5)
+      row.update(xla_s=t, xla_compile_s=comp, xla_finite=finite, pallas_vs_xla_rel_err=rel_err(out, ref))
+    except Exception as e:
+      row["xla_error"] = repr(e)[:300]
+  del caches
+  return row
+
+
+def measure_cudnn(batch, tokens, *, key):
+  k1, k2 = jax.random.split(key)
+  shape = (batch, tokens, KV_HEADS, HEAD_DIM)
+  nbytes = 2 * math.prod(shape) * 2
+  inner = inner_calls(nbytes)
+  kv = copies(lambda i: (jax.random.normal(jax.random.fold_in(k1, i), shape, jnp.bfloat16),
+                         jax.random.normal(jax.random.fold_in(k2, i), shape, jnp.bfloat16)), nbytes, inner)
+  qs = queries(jax.random.fold_in(key, 2), batch, inner)
+  try:
+    t, comp, finite, _ = bench(cudnn_fn, kv, qs)
+    return dict(cudnn_s=t, cudnn_bytes=nbytes, cudnn_compile_s=comp, cudnn_finite=finite,
+                cudnn_TBps=nbytes / t / 1e12)
+  except Exception as e:
+    return dict(cudnn_error=repr(e)[:300], cudnn_bytes=nbytes)
+
+
+def correctness_checks():
+  """Real quantized caches (build_cache on random K/V with outlier channels): pallas vs dequantize-then-attend."""
+  rows = []
+  cases = [dict(batch=3, kv=4, group=7, h=128, windows=40, group_c=0),
+           dict(batch=1, kv=2, group=8, h=64, windows=33, group_c=0),
+           dict(batch=2, kv=4, group=7, h=128, windows=24, group_c=32),
+           dict(batch=3, kv=2, group=1, h=64, windows=20, group_c=16),
+           dict(batch=1, kv=4, group=2, h=128, windows=9, group_c=0)]
+  for i, case in enumerate(cases):
+    key = jax.random.PRNGKey(100 + i)
+    k1, k2, k3, k4 = jax.random.split(key, 4)
+    tokens = 7 + case["windows"] * WINDOW + 45
+    shape = (2, case["batch"], case["kv"], tokens, case["h"])
+    offset = 3 * jax.random.normal(k3, (1, 1, case["kv"], 1, case["h"]))  # outlier channels
+    k = (jax.random.normal(k1, shape) + offset).astype(jnp.bfloat16)
+    v = jax.random.normal(k2, shape, jnp.bfloat16)
+    rng = np.random.default_rng(i)
+    plan = rng.choice([16, 4, 2], size=(2, case["windows"]), p=[0.15, 0.35, 0.5]).astype(np.int32)
+    plan[1, :] = 2
+    seq = [tokens - int(rng.integers(0, 30)) for _ in range(case["batch"])]
+    c = cache.build_cache(k, v, plan, visual_start=7, num_visual=case["windows"] * WINDOW + 5, seq_lens=seq,
+                          max_new_tokens=8, window_size=WINDOW, value_channel_group=case["group_c"])
+    q = jax.random.normal(k4, (case["batch"], case["kv"] * case["group"], case["h"]), jnp.bfloat16)
+    for l in range(2):
+      got = jax.jit(lambda q, layer: attention.decode_attention(q, layer, implementation="pallas"))(q, c.layer(l))
+      xla = jax.jit(lambda q, layer: attention.decode_attention(q, layer))(q, c.layer(l))
+      want = attention.reference_attention(q.astype(jnp.float32), *cache.dequantized_layer(c, l))
+      rows.append(dict(case=case, layer=l, finite=bool(jnp.isfinite(got).all()),
+                       rel_err_vs_dequantized=rel_err(got, want), xla_rel_err_vs_dequantized=rel_err(xla, want)))
+      print(f"check {case} layer {l}: pallas {rows[-1]['rel_err_vs_dequantized']:.2e} "
+            f"xla {rows[-1]['xla_rel_err_vs_dequantized']:.2e} finite {rows[-1]['finite']}", flush=True)
+  return rows
+
+
+VARIANTS = {
+    "tiled4": qd.DecodeConfig(),
+    "tiled2": qd.DecodeConfig(tile_windows=2),
+    "tiled4_warps8": qd.DecodeConfig(num_warps=8),
+    "tiled2_warps8": qd.DecodeConfig(tile_windows=2, num_warps=8),
+    "tiled4_stages2": qd.DecodeConfig(num_stages=2),
+    "factored": qd.DecodeConfig(factored=True),
+    "factored_warps2": qd.DecodeConfig(factored=True, num_warps=2),
+    "no_magic": qd.DecodeConfig(magic_convert=False),
+}
+# (batch, tokens) in the order a time-limited run measures them: the bars' configurations first.
+PRIORITY = [(8, 32768), (1, 1024), (60, 32768), (1, 32768), (8, 131072), (8, 1024), (60, 1024), (8, 8192),
+            (1, 8192), (60, 8192), (1, 131072), (60, 131072)]
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def markdown(report) -> str:
+  copy = report["copy"].get("torch_copy_TBps") or report["copy"]["jnp_elementwise_TBps"]
+  lines = [f"# Decode attention, one layer, {HEADS} q heads / {KV_HEADS} KV heads / head dim {HEAD_DIM}, bf16",
+           "", f"- command: `{report['command']}`", f"- date: {report['date']}", f"- device: {report['device']}",
+           f"- jax {report['jax']}; kernel: Pallas Triton lowering (`implementation=\"pallas\"`)",
+           f"- copy bandwidth (bytes read + written): " + ", ".join(
+               f"{k} {v:.2f} TB/s" for k, v in report["copy"].items() if k.endswith("TBps")),
+           "- bytes: `KVCache.nbytes` of a single-layer cache (codes + f16 scales/zeros + bf16 windows + rest)",
+           "- vs cudnn: cudnn time on an all-FP16 [B,T,K,H] cache of the same tokens / pallas time; "
+           "byte ratio: those FP16 bytes / the plan's bytes", "",
+           "| batch | tokens | plan | MB | pallas µs | TB/s | % copy | cudnn µs | vs cudnn | byte ratio "
+           "| vs cudnn / byte ratio | xla µs | vs xla |",
+           "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+  for r in report["results"]:
+    cud = r.get("cudnn_s")
+    speed = cud / r["pallas_s"] if cud else float("nan")
+    ratio = r["cudnn_bytes"] / r["bytes"]
+    xla = r.get("xla_s")
+    lines.append(
+        f"| {r['batch']} | {r['tokens']} | {r['plan']} | {r['bytes'] / 1e6:.1f} | {r['pallas_s'] * 1e6:.1f} "
+        f"| {r['pallas_TBps']:.2f} | {100 * r['pallas_TBps'] / copy:.0f} | "
+        + (f"{cud * 1e6:.1f}" if cud else "-") + f" | {speed:.2f} | {ratio:.2f} | {speed / ratio:.2f} | "
+        + (f"{xla * 1e6:.1f} | {xla / r['pallas_s']:.1f}" if xla else "- | -") + " |")
+  if report.get("variants"):
+    name = report.get("sweep_config", {}).get("name")
+    lines += ["", f"## Tuning variants (batch 8, 32k tokens; the sweep above used the fastest: {name})", "",
+              "| variant | plan | pallas µs | TB/s | compile s |", "| --- | --- | ---: | ---: | ---: |"]
+    for name, r in report["variants"].items():
+      lines.append(f"| {name} | {r['plan']} | {r['pallas_s'] * 1e6:.1f} | {r['pallas_TBps']:.2f} | "
+                   f"{r['pallas_compile_s']:.1f} |")
+  return "\n".join(lines) + "\n"
+
+
+def roofline(report, path):
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(7, 4.5))
+  markers = {"fp16": "o", "mix": "s", "int2": "^", "kivi2": "v"}
+  for plan, mk in markers.items():
+    rows = [r for r in report["results"] if r["plan"] == plan]
+    if rows:
+      ax.scatter([r["bytes"] for r in rows], [r["pallas_TBps"] for r in rows], marker=mk, label=f"pallas {plan}")
+  rows = [r for r in report["results"] if r["plan"] == "fp16" and r.get("cudnn_s")]
+  ax.scatter([r["cudnn_bytes"] for r in rows], [r["cudnn_bytes"] / r["cudnn_s"] / 1e12 for r in rows], marker="x",
+             c="k", label="cudnn (fp16 cache)")
+  for name, bw in report["copy"].items():
+    if name.endswith("TBps"):
+      ax.axhline(bw, ls="--", lw=1, c="gray")
+      ax.annotate(name.replace("_TBps", ""), (0.01, bw), xycoords=("axes fraction", "data"), fontsize=7,
+                  color="gray", va="bottom")
+  ax.set_xscale("log")
+  ax.set_xlabel("bytes read (compressed cache of one layer)")
+  ax.set_ylabel("achieved bandwidth (TB/s)")
+  ax.set_title("Decode attention on " + report["device"])
+  ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--batches", default="1,8,60")
+  ap.add_argument("--tokens", default="1024,8192,32768,131072")
+  ap.add_argument("--plans", default="fp16,mix,int2")
+  ap.add_argument("--variants", default="", help="comma list of VARIANTS to time at batch 8, 32k tokens")
+  ap.add_argument("--check", action="store_true", help="run the correctness checks")
+  ap.add_argument("--no-sweep", action="store_true")
+  ap.add_argument("--budget-s", type=float, default=1e9, help="stop the sweep after this many seconds")
+  ap.add_argument("--out", default="benchmarks/results")
+  ap.add_argument("--tag", default="decode_attention")
+  args = ap.parse_args(argv)
+  start = time.time()
+  device = jax.devices()[0]
+  report = dict(command="PYTHONPATH=. python " + " ".join(sys.argv),
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                device=f"{device.device_kind} ({device.platform})", jax=jax.__version__, host=platform.node(),
+                results=[], variants={}, checks=[], skipped=[])
+  report["copy"] = copy_bandwidth() if device.platform == "gpu" else {"jnp_elementwise_TBps": float("nan")}
+  print("copy", report["copy"], flush=True)
+  os.makedirs(args.out, exist_ok=True)
+
+  def save():
+    with open(os.path.join(args.out, args.tag + ".json"), "w") as f:
+      json.dump(report, f, indent=1)
+    with open(os.path.join(args.out, args.tag + ".md"), "w") as f:
+      f.write(markdown(report))
+
+  if args.check:
+    report["checks"] = correctness_checks()
+    save()
+  key = jax.random.PRNGKey(0)
+  best = None
+  for name in filter(None, args.variants.split(",")):
+    config = VARIANTS[name]
+    try:
+      r = report["variants"][name] = measure(8, 32768, "mix", key=key, config=config, with_xla=False)
+      print(f"variant {name}: {r['pallas_s'] * 1e6:.1f} us {r['pallas_TBps']:.2f} TB/s "
+            f"(compile {r['pallas_compile_s']:.1f} s)", flush=True)
+      if best is None or r["pallas_s"] < report["variants"][best]["pallas_s"]:
+        best = name
+    except Exception as e:
+      report["variants"][name] = dict(plan="mix", error=repr(e)[:500], pallas_s=float("nan"),
+                                      pallas_TBps=float("nan"), pallas_compile_s=float("nan"))
+      print(f"variant {name} failed: {e!r}"[:800], flush=True)
+    save()
+  config = VARIANTS[best] if best else None
+  report["sweep_config"] = dict(name=best or "default", **dataclasses.asdict(config or qd.DecodeConfig()))
+  if best:
+    r = report["variants"][best + "+kivi2"] = measure(8, 32768, "kivi2", key=key, config=config, with_xla=False)
+    print(f"variant {best} on the KIVI layout (all INT2): {r['pallas_s'] * 1e6:.1f} us", flush=True)
+  if not args.no_sweep:
+    cudnn = {}
+    wanted = [(b, t) for t in map(int, args.tokens.split(",")) for b in map(int, args.batches.split(","))]
+    wanted.sort(key=lambda bt: PRIORITY.index(bt) if bt in PRIORITY else len(PRIORITY))
+    for batch, tokens in wanted:
+      for plan in args.plans.split(","):
+        if time.time() - start > args.budget_s:
+          report["skipped"].append((batch, tokens, plan))
+          continue
+        try:
+          if (batch, tokens) not in cudnn:
+            cudnn[batch, tokens] = measure_cudnn(batch, tokens, key=key)
+          row = measure(batch, tokens, plan, key=key, config=config)
+          row.update(cudnn[batch, tokens])
+        except Exception as e:
+          print(f"{batch} {tokens} {plan} failed: {e!r}"[:800], flush=True)
+          report["skipped"].append((batch, tokens, plan, repr(e)[:300]))
+          continue
+        report["results"].append(row)
+        cud = row.get("cudnn_s", float("nan"))
+        xla = row.get("xla_s", float("nan"))
+        print(f"B={batch} T={tokens} {plan}: {row['bytes'] / 1e6:.1f} MB pallas {row['pallas_s'] * 1e6:.1f} us "
+              f"{row['pallas_TBps']:.2f} TB/s | cudnn {cud * 1e6:.1f} us | xla {xla * 1e6:.1f} us"
+              f" | err vs xla {row.get('pallas_vs_xla_rel_err', float('nan')):.1e} "
+              f"| compile {row['pallas_compile_s']:.1f} s", flush=True)
+        save()
+        jax.clear_caches()
+    if report["results"]:
+      roofline(report, os.path.join(args.out, args.tag + ".png"))
+  save()
+  print(markdown(report))
+  print(f"total {time.time() - start:.0f} s")
+
+
+if __name__ == "__main__":
+  main()

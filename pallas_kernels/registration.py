@@ -1,0 +1,33 @@
+"""Registers the Pallas kernels as implementations of `wq_jax.attention.decode_attention`.
+
+    "pallas"   quantized_decode.py: split-K flash decoding, Pallas Triton lowering
+
+On a CPU backend the same kernels run with `interpret=True` (that is how CI
+tests them). A Mosaic GPU kernel would be one more module and one more entry here.
+"""
+from __future__ import annotations
+
+import jax
+from jaxtyping import Array, Float
+
+from pallas_kernels import quantized_decode
+from wq_jax import attention
+from wq_jax.cache import LayerCache, Pool
+
+
+def _arrays(pool: Pool, used_windows: int) -> quantized_decode.PoolArrays | None:
+  """A pool as the kernel takes it; None where no layer has a window there."""
+  if used_windows == 0 or pool.data.shape[2] == 0:
+    return None
+  return quantized_decode.PoolArrays(pool.data, pool.scale, pool.zero, pool.bits, pool.channel_group)
+
+
+@attention.register("pallas")
+def pallas_attention(qg: Float[Array, "B K G H"], layer: LayerCache) -> Float[Array, "B K G H"]:
+  k_pools = tuple(_arrays(p, n) for p, n in zip(layer.k_pools, layer.slice_windows))
+  v_pools = tuple(_arrays(p, n) for p, n in zip(layer.v_pools, layer.slice_windows))
+  # The most tokens a layer can own: it sets the split count, so it must be static.
+  tokens = sum(layer.slice_windows) * layer.window_size + layer.rest_k.shape[2]
+  return quantized_decode.quantized_decode(
+      qg, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len,
+      window_size=layer.window_size, tokens_hint=tokens, interpret=jax.default_backend() == "cpu")

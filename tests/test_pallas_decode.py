@@ -1,0 +1,118 @@
+"""The Pallas decode kernel (interpret mode on CPU) against "dequantize, then attend" and the XLA path.
+
+One compiled kernel serves every layer of a case (the layer's ranges are
+values), so each case checks uneven, empty and full pools at the price of one
+compile. The last test lowers the kernels for CUDA (Triton) without a GPU.
+"""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pallas_kernels import quantized_decode as qd
+from pallas_kernels import registration
+from wq_jax import attention, cache
+
+VISUAL_START = 5
+WINDOW = 16
+TILED = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split=64)
+FACTORED = qd.DecodeConfig(factored=True, dense_tokens=32, min_tokens_per_split=64)
+
+
+def make_cache(seed, *, batch, kv_heads, head_dim, windows, value_group=0, dtype=jnp.float32):
+  """Three layers: a random mix, one with no high-precision window, one with only high precision."""
+  rng = np.random.default_rng(seed)
+  tail = 3  # visual tokens past the last window stay in the rest segment
+  tokens = VISUAL_START + windows * WINDOW + tail + 9
+  k1, k2, k3 = jax.random.split(jax.random.PRNGKey(seed), 3)
+  shape = (3, batch, kv_heads, tokens, head_dim)
+  offset = jax.random.normal(k3, (1, 1, kv_heads, 1, head_dim)) * 3  # outlier channels, as real keys have
+  k = (jax.random.normal(k1, shape) + offset).astype(dtype)
+  v = jax.random.normal(k2, shape).astype(dtype)
+  plan = rng.choice([16, 4, 2], size=(3, windows), p=[0.2, 0.3, 0.5]).astype(np.int32)
+  plan[1] = rng.choice([4, 2], size=windows)
+  plan[2] = 16
+  seq_lens = [tokens - int(rng.integers(0, 9)) for _ in range(batch)]
+  return cache.build_cache(k, v, plan, visual_start=VISUAL_START, num_visual=windows * WINDOW + tail,
+                           seq_lens=seq_lens, max_new_tokens=4, window_size=WINDOW,
+                           value_channel_group=value_group)
+
+
+def kernel_fn(config):
+  """The kernel on one layer, through the registration's pool conversion."""
+  @jax.jit
+  def run(qg, layer):
+    return qd.quantized_decode(qg, *pool_arrays(layer), layer.offsets, layer.counts, layer.rest_k, layer.rest_v,
+                               layer.rest_len, window_size=layer.window_size, config=config, interpret=True)
+  return run
+
+
+def pool_arrays(layer):
+  return [tuple(registration._arrays(p, n) for p, n in zip(pools, layer.slice_windows))
+          for pools in (layer.k_pools, layer.v_pools)]
+
+
+def check_case(seed, *, batch, kv_heads, group, head_dim, windows=7, value_group=0, dtype=jnp.float32,
+               config=TILED, rtol=2e-5):
+  c = make_cache(seed, batch=batch, kv_heads=kv_heads, head_dim=head_dim, windows=windows,
+                 value_group=value_group, dtype=dtype)
+  q = jax.random.normal(jax.random.PRNGKey(seed + 100), (batch, kv_heads * group, head_dim))
+  qg = q.reshape(batch, kv_heads, group, head_dim) * head_dim ** -0.5
+  run = kernel_fn(config)
+  xla = jax.jit(lambda q, layer: attention.decode_attention(q, layer))
+  dequantized = jax.jit(attention.reference_attention)
+  file_reference = jax.jit(lambda qg, layer: qd.reference(
+      qg, *pool_arrays(layer), layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len,
+      window_size=WINDOW))
+  for l in range(c.num_layers):
+    layer = c.layer(l)
+    got = run(qg, layer).reshape(batch, kv_heads * group, head_dim)
+    assert bool(jnp.isfinite(got).all())
+    want = dequantized(q, *cache.dequantized_layer(c, l))
+    tol = rtol * float(jnp.abs(want).max())
+    for name, other in [("dequantize, then attend", want), ("xla", xla(q, layer)),
+                        ("the kernel file's reference", file_reference(qg, layer).reshape(got.shape))]:
+      np.testing.assert_allclose(np.asarray(got), np.asarray(other, np.float32), rtol=0, atol=tol,
+                                 err_msg=f"layer {l} against {name}")
+
+
+# More splits than steps: most programs see nothing, and their (m, l, o) must not disturb the sum.
+MANY_SPLITS = qd.DecodeConfig(factored=True, dense_tokens=16, target_programs=64, min_tokens_per_split=1)
+
+
+@pytest.mark.parametrize("batch,kv_heads,group,head_dim,value_group,config", [
+    (3, 2, 7, 128, 0, TILED),         # Qwen2-7B's GQA ratio, odd batch
+    (1, 2, 8, 64, 16, FACTORED),      # KIVI values: per token over 16 channels
+    (3, 1, 1, 64, 0, MANY_SPLITS),    # multi-head (ratio 1), empty splits
+    (1, 2, 2, 128, 32, TILED),        # KIVI with a group as wide as an INT2 byte block
+])
+def test_matches_dequantize_then_attend(batch, kv_heads, group, head_dim, value_group, config):
+  check_case(batch * 10 + group, batch=batch, kv_heads=kv_heads, group=group, head_dim=head_dim,
+             value_group=value_group, config=config)
+
+
+def test_registered_as_pallas_on_a_bf16_cache():
+  """decode_attention(implementation="pallas") with the default tiling, on bf16 codes built by OR-ing
+  into 128.0 (exact), so only the bf16 rounding of q s and p separates it from the float32 reference."""
+  c = make_cache(11, batch=2, kv_heads=1, head_dim=64, windows=9, dtype=jnp.bfloat16)
+  q = jax.random.normal(jax.random.PRNGKey(12), (2, 7, 64))
+  run = jax.jit(lambda q, layer: attention.decode_attention(q, layer, implementation="pallas"))
+  dequantized = jax.jit(attention.reference_attention)
+  for l in range(c.num_layers):
+    want = dequantized(q, *cache.dequantized_layer(c, l))
+    got = run(q, c.layer(l)).astype(jnp.float32)
+    err = float(jnp.linalg.norm(got - want) / jnp.linalg.norm(want))
+    assert err < 1e-2, (l, err)
+
+
+def test_lowers_to_triton_for_cuda():
+  """The Triton lowering accepts every primitive the kernel uses (bf16, KIVI values, GQA 7)."""
+  c = make_cache(14, batch=1, kv_heads=2, head_dim=128, windows=8, value_group=32, dtype=jnp.bfloat16)
+  qg = jax.random.normal(jax.random.PRNGKey(15), (1, 2, 7, 128))
+
+  def run(qg, layer):
+    return qd.quantized_decode(qg, *pool_arrays(layer), layer.offsets, layer.counts, layer.rest_k, layer.rest_v,
+                               layer.rest_len, window_size=WINDOW)
+
+  text = jax.jit(run).trace(qg, c.layer(0)).lower(lowering_platforms=("cuda",)).as_text()
+  assert "wq_quantized_decode" in text
