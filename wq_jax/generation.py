@@ -104,8 +104,9 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   scores, sensitivity = _search_inputs(embedded.embeds, embedded.attention_mask, pre.sensitivity,
                                        visual_start=visual_start, num_visual=num_visual,
                                        window_size=options.window_size)
-  plan = spec.plan(config, methods.PlanInputs(np.asarray(scores), np.asarray(sensitivity), cfg.text.num_layers,
-                                              visual_start, num_visual, seq_lens.tolist()))
+  # Rows added to fill the mesh do not vote: the plan is the real requests' (scores [B, W], sensitivity [L, B]).
+  plan = spec.plan(config, methods.PlanInputs(np.asarray(scores)[:real], np.asarray(sensitivity)[:, :real].mean(1),
+                                              cfg.text.num_layers, visual_start, num_visual, seq_lens[:real].tolist()))
   timings["search_s"] = time.perf_counter() - start
 
   start = time.perf_counter()
@@ -250,12 +251,12 @@ def _prefill(params, cfg, embeds, positions, mask, *, implementation):
 
 @functools.partial(jax.jit, static_argnames=("visual_start", "num_visual", "window_size"))
 def _search_inputs(embeds, attention_mask, sensitivity, *, visual_start, num_visual, window_size):
-  """Window scores [B, W] against the text after the video, and batch-mean sensitivity [L]."""
+  """Window scores [B, W] against the text after the video, and the sensitivities [L, B]."""
   visual = jax.lax.slice_in_dim(embeds, visual_start, visual_start + num_visual, axis=1)
   after = jnp.arange(embeds.shape[1])[None, :] >= visual_start + num_visual
   text_mask = attention_mask.astype(bool) & after
   scores = search.window_scores(embeds, visual, window_size, text_mask=text_mask)
-  return scores, sensitivity.mean(axis=1)
+  return scores, sensitivity
 
 
 @jax.jit
