@@ -67,13 +67,15 @@ class LayerCache:
 
   def append(self, k_new: Float[Array, "B K H"], v_new: Float[Array, "B K H"]) -> "LayerCache":
     """Writes one token per request at `rest_len` and counts it."""
-    pos = self.rest_len
-    write = jax.vmap(lambda buf, x, p: jax.lax.dynamic_update_slice_in_dim(buf, x[:, None], p, axis=1))
-    return self.replace(
-        rest_k=write(self.rest_k, k_new.astype(self.rest_k.dtype), pos),
-        rest_v=write(self.rest_v, v_new.astype(self.rest_v.dtype), pos),
-        rest_len=pos + 1,
-    )
+    return append_to_rest(self, k_new, v_new)
+
+
+def append_to_rest(layer, k_new: Float[Array, "B K H"], v_new: Float[Array, "B K H"]):
+  """A layer view (anything with rest_k, rest_v, rest_len) with one more token per request."""
+  write = jax.vmap(lambda buf, x, p: jax.lax.dynamic_update_slice_in_dim(buf, x[:, None], p, axis=1))
+  return layer.replace(rest_k=write(layer.rest_k, k_new.astype(layer.rest_k.dtype), layer.rest_len),
+                       rest_v=write(layer.rest_v, v_new.astype(layer.rest_v.dtype), layer.rest_len),
+                       rest_len=layer.rest_len + 1)
 
 
 @struct.dataclass

@@ -26,7 +26,7 @@ from flax import struct
 
 from wq_jax import quant
 from wq_jax.buckets import bucket, round_up
-from wq_jax.cache import POOL_BITS, make_pool, plan_layout, rest_segment
+from wq_jax.cache import POOL_BITS, append_to_rest, make_pool, plan_layout, rest_segment
 
 HEAP_ALIGN = 256
 
@@ -51,10 +51,7 @@ class InterleavedLayer:
   meta_dtype: str = struct.field(pytree_node=False)
 
   def append(self, k_new, v_new) -> "InterleavedLayer":
-    write = jax.vmap(lambda buf, x, p: jax.lax.dynamic_update_slice_in_dim(buf, x[:, None], p, axis=1))
-    return self.replace(rest_k=write(self.rest_k, k_new.astype(self.rest_k.dtype), self.rest_len),
-                        rest_v=write(self.rest_v, v_new.astype(self.rest_v.dtype), self.rest_len),
-                        rest_len=self.rest_len + 1)
+    return append_to_rest(self, k_new, v_new)
 
 
 @struct.dataclass
