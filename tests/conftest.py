@@ -3,11 +3,15 @@ from __future__ import annotations
 
 import types
 
+import jax
 import pytest
 
 from convert.__main__ import main as convert_main
 from convert.checkpoint import load_checkpoint
 from models import testing
+
+# Tests compare float32 results at tight tolerances; on GPUs the default matmul precision is TF32.
+jax.config.update("jax_default_matmul_precision", "highest")
 
 
 @pytest.fixture(scope="session")
