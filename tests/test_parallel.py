@@ -10,7 +10,8 @@ import pytest
 SCRIPT = Path(__file__).parent / "scripts" / "sharded_generate.py"
 
 
-ALL_METHODS = ["fp16", "rtn4", "rtn2", "kivi4", "kivi2", "windowquant", "windowquant-C"]
+ALL_METHODS = ["fp16", "rtn4", "rtn2", "kivi4", "kivi2", "windowquant", "windowquant-C", "windowquant+pallas",
+               "kivi2+pallas"]  # +pallas: the kernel per shard under shard_map
 
 
 @pytest.mark.parametrize("axes,methods", [("data", ["fp16", "windowquant"]), ("data,model", ALL_METHODS)])

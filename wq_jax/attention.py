@@ -11,12 +11,14 @@ One softmax runs over the logits of every segment at once (SPEC Eqs. 12-13).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float
 
 from wq_jax import quant
@@ -39,14 +41,36 @@ def implementations() -> tuple[str, ...]:
   return tuple(sorted(_IMPLEMENTATIONS))
 
 
+@dataclasses.dataclass(frozen=True)
+class PerShard:
+  """A registered implementation run on each device's shard of `mesh` under `shard_map`.
+
+  XLA partitions the "xla" path by itself, but not a kernel: this runs one
+  kernel a device on its requests ('data') and KV heads ('model').
+  """
+  name: str
+  mesh: jax.sharding.Mesh
+
+
+def _per_shard(fn, mesh, layer: LayerCache):
+  axes = mesh.axis_names
+  batch, heads = ("data" if "data" in axes else None), ("model" if "model" in axes else None)
+  split = P(batch, heads)
+  specs = jax.tree_util.tree_map(lambda _: split, layer).replace(offsets=P(), counts=P(), rest_len=P(batch))
+  return jax.shard_map(fn, mesh=mesh, in_specs=(split, specs), out_specs=split, check_vma=False)
+
+
 def decode_attention(
     q: Float[Array, "B N H"],
     layer: LayerCache,
     *,
     scale: float | None = None,
-    implementation: str = "xla",
+    implementation: str | PerShard = "xla",
 ) -> Float[Array, "B N H"]:
   """softmax(q K^T * scale) V over every segment of one layer, for one new token a request."""
+  mesh = None
+  if isinstance(implementation, PerShard):
+    implementation, mesh = implementation.name, implementation.mesh
   if implementation not in _IMPLEMENTATIONS:
     if implementation == "pallas":
       import pallas_kernels.registration  # noqa: F401  (registers "pallas" on import)
@@ -60,6 +84,8 @@ def decode_attention(
   qg = (q.astype(jnp.float32) * scale).reshape(b, k, n // k, h)
   if isinstance(layer, InterleavedLayer):  # ablation C's layout has one (XLA) reader
     out = interleaved_attention(qg, layer)
+  elif mesh is not None:
+    out = _per_shard(_IMPLEMENTATIONS[implementation], mesh, layer)(qg, layer)
   else:
     out = _IMPLEMENTATIONS[implementation](qg, layer)
   return out.reshape(b, n, h).astype(q.dtype)

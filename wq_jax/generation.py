@@ -24,6 +24,7 @@ import numpy as np
 
 from models import family as family_lib
 from models import qwen2
+from wq_jax import attention as attention_lib
 from wq_jax import methods, parallel, search
 from wq_jax.api import Model, as_batch, load_frames
 from wq_jax.buckets import round_up
@@ -124,7 +125,8 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   tokens, count, step_logits = _decode_loop(
       model.params["decoder"], cfg.text, cache, first_logits, next_positions, jnp.asarray(_eos_ids(model)),
       jax.random.PRNGKey(seed), jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p),
-      steps=max_new_tokens, implementation=attention, return_logits=return_logits, greedy=temperature <= 0)
+      steps=max_new_tokens, implementation=_attention_for(attention, mesh), return_logits=return_logits,
+      greedy=temperature <= 0)
   tokens = np.asarray(tokens)[:real]
   timings["decode_s"] = time.perf_counter() - start
   count = int(count)
@@ -220,6 +222,13 @@ def _eos_ids(model: Model) -> list[int]:
 def _until_eos(row: np.ndarray, eos: list[int]) -> np.ndarray:
   stops = np.nonzero(np.isin(row, eos))[0]
   return row[: stops[0]] if len(stops) else row
+
+
+def _attention_for(name: str, mesh):
+  """Kernels run per shard on a mesh; the XLA path is partitioned by XLA itself."""
+  if mesh is None or name == "xla":
+    return name
+  return attention_lib.PerShard(name, mesh)
 
 
 def _prefill_attention(model: Model) -> str | None:

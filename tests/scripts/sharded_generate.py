@@ -20,15 +20,16 @@ prompts = ["What is happening?", "Describe the video.", "How many people appear?
 mesh = parallel.data_mesh() if axes == "data" else parallel.mesh_2d(2, 2)
 placed = parallel.shard_model(model, mesh)
 for name in names:
+  name, _, attention = name.partition("+")  # "windowquant+pallas": the kernel, per shard
   method, config = name, None
   if name.startswith("windowquant"):
     method, config = "windowquant", WindowQuantConfig(window_size=8, reorder=not name.endswith("-C"))
   kw = dict(method=method, config=config, max_new_tokens=6, return_logits=True)
-  sharded = wq_jax.generate(placed, videos, prompts, mesh=mesh, **kw)
+  sharded = wq_jax.generate(placed, videos, prompts, mesh=mesh, attention=attention or "xla", **kw)
   plain = wq_jax.generate(model, videos, prompts, **kw)
   assert len(sharded.token_ids) == 3
   np.testing.assert_array_equal(sharded.bit_plan, plain.bit_plan)
   for a, b in zip(sharded.token_ids, plain.token_ids):
     np.testing.assert_array_equal(a, b)
   np.testing.assert_allclose(sharded.logits, plain.logits, rtol=1e-4, atol=1e-4)
-  print(f"{name}: sharded == plain", flush=True)
+  print(f"{name}{'+' + attention if attention else ''}: sharded == plain", flush=True)
