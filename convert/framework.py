@@ -8,8 +8,8 @@ says which HF shape it expects for a given target shape, so every shape is
 checked from the file headers before any data is read.
 
 Accounting is strict: every leaf of the `eval_shape` tree gets exactly one
-rule, every HF tensor is used once or matches one of the table's `ignore`
-patterns, and a failure lists everything missing, left over or misshapen.
+rule, every HF tensor is used (a fused tensor by one rule per part) or matches
+one of the table's `ignore` patterns, and a failure lists everything missing, left over or misshapen.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ HOOKS: dict[str, Hook] = {h.name: h for h in (
 class Rule:
   path: str  # our leaf, "/"-separated
   hf: str  # canonical HF name; "{l}" = layer index, stacked along the leaf's axis 0
-  hook: str = "identity"
+  hook: str | Hook = "identity"  # a name in HOOKS, or a table's own Hook (e.g. one that knows the head count)
 
   @property
   def stacked(self) -> bool:
@@ -130,7 +130,7 @@ def plan(table: Table, abstract, hf_shapes: Mapping[str, Shape]) -> list[Assignm
     rule = ruled.get(path)
     if rule is None:
       continue
-    hook = HOOKS[rule.hook]
+    hook = rule.hook if isinstance(rule.hook, Hook) else HOOKS[rule.hook]
     layer_ids = range(leaf.shape[0]) if rule.stacked else (None,)
     target = tuple(leaf.shape[1:]) if rule.stacked else tuple(leaf.shape)
     for l in layer_ids:

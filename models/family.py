@@ -65,3 +65,10 @@ def scatter_rows(embeds: Float[Array, "B T D"], mask: Bool[Array, "B T"], rows: 
   idx = jnp.clip(jnp.cumsum(flat) - 1, 0, rows.shape[0] - 1)
   out = jnp.where(flat[:, None], rows[idx].astype(embeds.dtype), embeds.reshape(-1, d))
   return out.reshape(b, t, d)
+
+
+def check_count(kind: str, mask: np.ndarray, rows: int) -> None:
+  """transformers' error when the placeholder tokens and the visual rows differ in number."""
+  if int(mask.sum()) != rows:
+    raise ValueError(f"{kind} features and {kind.lower()} tokens do not match, "
+                     f"tokens: {int(mask.sum())}, features: {rows}")

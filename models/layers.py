@@ -9,7 +9,8 @@ compute in float32 and return the input dtype, as transformers does.
 from __future__ import annotations
 
 import functools
-from typing import Callable
+import operator
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -72,3 +73,31 @@ def init_tree(key: jax.Array, shapes: dict, dtype) -> Params:
     name = path[-1].key
     out.append(jnp.ones(shape, dtype) if name == "scale" or name.endswith("norm") else normal(k, shape, dtype))
   return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def scan_hidden_states(
+    layer_fn: Callable[[Params, jax.Array], jax.Array],
+    stack: Params,
+    h: jax.Array,
+    num_layers: int,
+    hidden_indices: Sequence[int] = (),
+) -> tuple[jax.Array, tuple[jax.Array, ...]]:
+  """Runs a stacked encoder (layers along axis 0 of every leaf) from `h`: (last hidden state,
+  the hidden states at `hidden_indices` of transformers' `hidden_states` tuple: 0 = the input,
+  i = after layer i, negative from the end).
+
+  The layers run as scans between the requested indices, so under jit the layers
+  after the last requested one are dead code when the last hidden state is unused.
+  """
+  n = num_layers + 1
+  for i in hidden_indices:
+    if not -n <= i < n:
+      raise ValueError(f"hidden state index {i} out of range for {num_layers} layers")
+  stops = sorted({i % n for i in hidden_indices} | {num_layers})
+  states, done = {0: h}, 0
+  for stop in stops:
+    if stop > done:
+      part = jax.tree.map(operator.itemgetter(slice(done, stop)), stack)
+      h = jax.lax.scan(lambda h, lp: (layer_fn(lp, h), None), h, part)[0]
+      states[stop], done = h, stop
+  return h, tuple(states[i % n] for i in hidden_indices)

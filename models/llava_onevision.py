@@ -162,7 +162,7 @@ def _select_best_resolution(size: tuple[int, int], pinpoints: Sequence[tuple[int
   return tuple(select_best_resolution(list(size), [list(p) for p in pinpoints]))
 
 
-def _num_tiles(cfg: LlavaOnevisionConfig, size: tuple[int, int]) -> int:
+def num_tiles(cfg, size: tuple[int, int]) -> int:
   """transformers' `image_size_to_num_patches`: the any-res tiles plus the base tile."""
   h, w = _select_best_resolution(size, cfg.image_grid_pinpoints)
   s = cfg.vision.image_size
@@ -180,8 +180,11 @@ def _unpad(x: Float[Array, "Y X D"], size: tuple[int, int]) -> Float[Array, "U V
   return x[:, pad: cw - pad]
 
 
-def _pack_image(params: Params, cfg: LlavaOnevisionConfig, tiles: Float[Array, "F P D"], size: tuple[int, int]):
-  """transformers' `pack_image_features` for one image: [rows of the image, D]."""
+def pack_image(params: Params, cfg, tiles: Float[Array, "F P D"], size: tuple[int, int]):
+  """transformers' `pack_image_features` for one image: [rows of the image, D].
+
+  Shared with LLaVA-NeXT, whose config has no `anyres_max_N` (max_num_patches None): no shrinking.
+  """
   newline = params["image_newline"].astype(tiles.dtype)
   if tiles.shape[0] == 1:
     return jnp.concatenate([tiles[0], newline[None]], axis=0)
@@ -193,7 +196,7 @@ def _pack_image(params: Params, cfg: LlavaOnevisionConfig, tiles: Float[Array, "
   grid = tiles[1:].reshape(rows, cols, g, g, d).transpose(0, 2, 1, 3, 4).reshape(rows * g, cols * g, d)
   grid = _unpad(grid, size)
   ch, cw = grid.shape[:2]
-  ratio = math.sqrt(ch * cw / (cfg.max_num_patches * g ** 2))
+  ratio = 0.0 if cfg.max_num_patches is None else math.sqrt(ch * cw / (cfg.max_num_patches * g ** 2))
   if ratio > 1.1:
     grid = bilinear_resize(grid[None], (int(ch // ratio), int(cw // ratio)))[0]
   grid = jnp.concatenate([grid, jnp.broadcast_to(newline, (grid.shape[0], 1, d))], axis=1)
@@ -208,7 +211,7 @@ def image_features(params: Params, cfg: LlavaOnevisionConfig, pixel_values, imag
     tiled = [True] * len(sizes)
   else:
     tiled = [int(n) == 1 for n in np.asarray(batch_num_images) for _ in range(int(n))]
-  counts = [_num_tiles(cfg, s) if t else 1 for s, t in zip(sizes, tiled)]
+  counts = [num_tiles(cfg, s) if t else 1 for s, t in zip(sizes, tiled)]
   pixel_values = jnp.asarray(pixel_values)
   if pixel_values.ndim == 5:
     pixel_values = jnp.concatenate([p[:n] for p, n in zip(pixel_values, counts)], axis=0)
@@ -216,7 +219,7 @@ def image_features(params: Params, cfg: LlavaOnevisionConfig, pixel_values, imag
     raise ValueError(f"pixel_values of shape {pixel_values.shape}, expect to be of 4 or 5 dimensions")
   feats = _frame_features(params, cfg, pixel_values, implementation=implementation)
   starts = np.cumsum([0, *counts])
-  return [_pack_image(params, cfg, feats[a:b], s) for a, b, s in zip(starts[:-1], starts[1:], sizes)]
+  return [pack_image(params, cfg, feats[a:b], s) for a, b, s in zip(starts[:-1], starts[1:], sizes)]
 
 
 _frame_features = jax.jit(frame_features, static_argnames=("cfg", "implementation"))
@@ -224,12 +227,6 @@ _video_features = jax.jit(video_features, static_argnames=("cfg", "implementatio
 
 
 # ----------------------------------------------------------------------------- the decoder's inputs
-
-
-def _check_count(kind: str, mask: np.ndarray, rows: int) -> None:
-  if int(mask.sum()) != rows:
-    raise ValueError(f"{kind} features and {kind.lower()} tokens do not match, "
-                     f"tokens: {int(mask.sum())}, features: {rows}")
 
 
 def embed_inputs(params: Params, cfg: LlavaOnevisionConfig, inputs: Mapping[str, Any], *,
@@ -243,12 +240,12 @@ def embed_inputs(params: Params, cfg: LlavaOnevisionConfig, inputs: Mapping[str,
   if inputs.get("pixel_values") is not None:
     rows = jnp.concatenate(image_features(params, cfg, inputs["pixel_values"], inputs["image_sizes"],
                                           inputs.get("batch_num_images"), implementation=implementation))
-    _check_count("Image", image_mask, rows.shape[0])
+    family.check_count("Image", image_mask, rows.shape[0])
     embeds = family.scatter_rows(embeds, jnp.asarray(image_mask), rows)
   if inputs.get("pixel_values_videos") is not None:
     rows = _video_features(params, cfg, jnp.asarray(inputs["pixel_values_videos"]), implementation=implementation)
     rows = rows.reshape(-1, rows.shape[-1])
-    _check_count("Video", video_mask, rows.shape[0])
+    family.check_count("Video", video_mask, rows.shape[0])
     embeds = family.scatter_rows(embeds, jnp.asarray(video_mask), rows)
   mask = jnp.asarray(mask)
   return family.Embedded(embeds, qwen2.text_positions(mask), mask, jnp.asarray(image_mask | video_mask))

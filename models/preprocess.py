@@ -5,10 +5,12 @@ Axes: T frames, H/W pixel height/width, C channels (3), S processor size
 N flattened vision patches (Qwen2-VL), E = C·tp·p·p values per patch.
 
 Every step is the one transformers' PIL backend takes, in the same order and
-dtypes, so the results are bit-identical to `LlavaOnevisionImageProcessorPil`
-and `Qwen2VLImageProcessorPil` on uint8 input:
+dtypes, so the results are bit-identical to `LlavaOnevisionImageProcessorPil`,
+`CLIPImageProcessorPil`, `LlavaNextImageProcessorPil` and
+`Qwen2VLImageProcessorPil` on uint8 input:
 - resize: PIL `Image.resize((w, h), resample)` on the uint8 image, result
   kept as uint8 (transformers converts uint8 arrays to PIL untouched);
+- center crop (CLIP): a slice of the resized uint8 image;
 - rescale: `(x.astype(float64) * rescale_factor).astype(float32)`;
 - normalize: `(x - mean) / std` in float32.
 Videos are processed frame by frame with the image path. transformers' own
@@ -162,7 +164,7 @@ def select_best_resolution(size: tuple[int, int], resolutions: Sequence[tuple[in
   return best
 
 
-def _anyres_tiles(image: np.ndarray, settings: LlavaOnevisionSettings) -> list[np.ndarray]:
+def _anyres_tiles(image: np.ndarray, settings: LlavaOnevisionSettings | ClipSettings) -> list[np.ndarray]:
   target = select_best_resolution(image.shape[:2], settings.image_grid_pinpoints)
   resized = _resize(image, _fit_inside(image.shape[:2], target), settings.steps.resample)
   # Padding is computed from the resized size, as transformers does.
@@ -180,6 +182,112 @@ def _fit_inside(size: tuple[int, int], target: tuple[int, int]) -> tuple[int, in
   if scale_w < scale_h:
     return min(math.ceil(height * scale_w), target_h), target_w
   return target_h, min(math.ceil(width * scale_h), target_w)
+
+
+# ---------------------------------------------------------------- LLaVA-1.5 (CLIP) / LLaVA-NeXT
+
+# LlavaNextImageProcessorPil.image_grid_pinpoints (336 px tiles).
+LLAVA_NEXT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
+
+
+@dataclasses.dataclass(frozen=True)
+class ClipSettings:
+  """`CLIPImageProcessorPil` settings (LLaVA-1.5): resize the short side, then center-crop.
+  LLaVA-NeXT adds the any-res grid (`LlavaNextImageProcessorPil`)."""
+
+  steps: PixelSteps = PixelSteps()
+  size: Mapping[str, int] = dataclasses.field(default_factory=lambda: {"shortest_edge": 224})
+  do_center_crop: bool = True
+  crop_size: Mapping[str, int] = dataclasses.field(default_factory=lambda: {"height": 224, "width": 224})
+  image_grid_pinpoints: tuple[tuple[int, int], ...] = LLAVA_NEXT_PINPOINTS
+  do_pad: bool = True
+
+  @classmethod
+  def from_config(cls, config: Mapping | None) -> ClipSettings:
+    config = config or {}
+    defaults = cls()
+    pinpoints = config.get("image_grid_pinpoints") or defaults.image_grid_pinpoints
+    crop = config.get("crop_size") or defaults.crop_size
+    return cls(
+      steps=PixelSteps.from_config(config),
+      size=_size_dict(config.get("size") or defaults.size),
+      do_center_crop=config.get("do_center_crop", True) is not False,
+      crop_size={"height": crop, "width": crop} if isinstance(crop, int) else _size_dict(crop),
+      image_grid_pinpoints=tuple((int(h), int(w)) for h, w in pinpoints),
+      do_pad=config.get("do_pad", True) is not False,
+    )
+
+  @property
+  def patch_size(self) -> int:
+    """The any-res tile edge, chosen as LlavaNextImageProcessorPil._preprocess does."""
+    return self.crop_size.get("height") or self.size.get("height") or self.size["shortest_edge"]
+
+  def tile(self, image: UInt8[np.ndarray, "H W 3"]) -> Float32[np.ndarray, "3 S S"]:
+    """Resize to `size`, center-crop, rescale, normalize: one CLIP input."""
+    image = _resize_to_size(image, self.size, self.steps)
+    if self.do_center_crop:
+      image = _center_crop(image, (self.crop_size["height"], self.crop_size["width"]))
+    return self.steps.finish(image)
+
+
+def clip_images(images: Sequence[ImageLike], processor_config: Mapping | None = None) -> Float32[np.ndarray, "B 3 S S"]:
+  """`pixel_values` for LLaVA-1.5 (`CLIPImageProcessorPil`): one tile an image or video frame."""
+  settings = ClipSettings.from_config(processor_config)
+  return np.stack([settings.tile(to_rgb_array(image)) for image in images])
+
+
+def llava_next_images(
+  images: Sequence[ImageLike], processor_config: Mapping | None = None
+) -> tuple[Float32[np.ndarray, "B P 3 S S"], Int64[np.ndarray, "B 2"]]:
+  """(`pixel_values`, `image_sizes`) for LLaVA-NeXT, any-res: each image gives its whole view
+  squashed to a square, then the tiles of the best grid resolution (aspect-preserving resize,
+  centered zero pad), each tile resized and center-cropped; zero-padded to the largest tile
+  count when `do_pad`."""
+  settings = ClipSettings.from_config(processor_config)
+  pixel_values, sizes = [], []
+  for image in images:
+    image = to_rgb_array(image)
+    tiles = [_resize(image, _pair(settings.size), settings.steps.resample)] + _anyres_tiles(image, settings)
+    pixel_values.append(np.stack([settings.tile(t) for t in tiles]))
+    sizes.append(image.shape[:2])
+  if settings.do_pad:
+    most = max(len(p) for p in pixel_values)
+    pixel_values = [np.pad(p, ((0, most - len(p)), (0, 0), (0, 0), (0, 0))) for p in pixel_values]
+  return np.stack(pixel_values), np.asarray(sizes, dtype=np.int64)
+
+
+def llava_next_frames(
+  frames: UInt8[np.ndarray, "T H W 3"], processor_config: Mapping | None = None
+) -> Float32[np.ndarray, "T 3 S S"]:
+  """Video frames for LLaVA-NeXT, each as its base tile alone (tile 0 of `llava_next_images`):
+  the frame squashed to a square, resized, center-cropped, rescaled, normalized."""
+  settings = ClipSettings.from_config(processor_config)
+  size = _pair(settings.size)
+  return np.stack([settings.tile(_resize(f, size, settings.steps.resample)) for f in _check_frames(frames)])
+
+
+# ---------------------------------------------------------------- InternVL
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def internvl_frames(
+  frames: UInt8[np.ndarray, "T H W 3"], processor_config: Mapping | None, image_size: int
+) -> Float32[np.ndarray, "T 3 S S"]:
+  """`pixel_values` for InternVL video frames, one tile each: every frame squashed to
+  image_size x image_size (InternVL's `T.Resize((448, 448))`, transformers'
+  `GotOcr2ImageProcessorPil` without `crop_to_patches`), rescaled, normalized (ImageNet
+  mean and std unless the config names others). The config's size is not read: the
+  original checkpoints' preprocessor_config.json describes a CLIP crop InternVL never used."""
+  config = {"image_mean": IMAGENET_MEAN, "image_std": IMAGENET_STD, **(processor_config or {})}
+  steps = PixelSteps.from_config(config)
+  return np.stack(
+    [
+      steps.finish(_resize_to_size(f, {"height": image_size, "width": image_size}, steps))
+      for f in _check_frames(frames)
+    ]
+  )
 
 
 # ---------------------------------------------------------------- Qwen2-VL / Qwen2.5-VL
@@ -324,6 +432,15 @@ def _resize_to_size(image: np.ndarray, size: Mapping[str, int], steps: PixelStep
   new_short, new_long = size["shortest_edge"], int(size["shortest_edge"] * long / short)
   target = (new_long, new_short) if width <= height else (new_short, new_long)
   return _resize(image, target, steps.resample)
+
+
+def _center_crop(image: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+  """transformers' `center_crop` of an image at least as large as the crop."""
+  (height, width), (crop_h, crop_w) = image.shape[:2], size
+  if crop_h > height or crop_w > width:
+    raise ValueError(f"cannot center-crop a {height}x{width} image to {crop_h}x{crop_w}: resize it larger first")
+  top, left = (height - crop_h) // 2, (width - crop_w) // 2
+  return image[top : top + crop_h, left : left + crop_w]
 
 
 def _pair(size: Mapping[str, int]) -> tuple[int, int]:

@@ -1,4 +1,11 @@
-"""The Qwen2 decoder (GQA, RoPE or M-RoPE, RMSNorm, SwiGLU) as pure functions over a param pytree.
+"""The shared decoder (GQA, RoPE or M-RoPE, RMSNorm, SwiGLU) as pure functions over a param pytree.
+
+Qwen2, Llama (Vicuna), Mistral and InternLM2 are one architecture that differs
+in config only: which projections carry biases (Qwen2: q, k, v; Llama with
+`attention_bias` and InternLM2 with `bias`: q, k, v and o; Mistral and the
+released Llama / InternLM2 checkpoints: none), the RoPE base, the RMSNorm eps
+and Mistral's sliding window. `Qwen2Config.from_hf` reads any of their text
+configs; the module keeps its first family's name because every caller uses it.
 
 Axes: B batch, T tokens, S key length, N query heads, K KV heads, H head dim,
 D model width, F MLP width, V vocabulary, L layers.
@@ -8,7 +15,7 @@ Params (layers stacked along a leading L axis, run with `jax.lax.scan`):
     embed      [V, D]
     layers     attn_norm [L, D]
                q {w [L, D, N, H], b [L, N, H]}   k, v {w [L, D, K, H], b [L, K, H]}
-               o {w [L, N, H, D]}
+               o {w [L, N, H, D], b [L, D]}      (each "b" only where the config has that bias)
                mlp_norm [L, D]   gate, up {w [L, D, F]}   down {w [L, F, D]}
     norm       [D]
     lm_head    [D, V]   (absent when the embeddings are tied)
@@ -17,6 +24,12 @@ Batches are padded on the right: `attention_mask[b]` is a prefix of ones.
 Positions are [B, T] for plain RoPE and [3, B, T] (temporal, height, width)
 for M-RoPE, which Qwen2-VL applies by taking frequency j's angle from the
 position row its `mrope_section` chunk names (chunk i uses row i mod 3).
+
+Mistral's sliding window (a query sees its last `sliding_window` keys) is
+applied exactly in the prefill. Decode attends to the whole cache, which is
+the same thing only while a request stays within the window: LLaVA-v1.6-mistral
+(Mistral-7B-Instruct-v0.2) has no window, and `models.inputs` refuses prompts
+longer than a configured one.
 """
 from __future__ import annotations
 
@@ -51,6 +64,9 @@ class Qwen2Config:
   tie_word_embeddings: bool
   mrope_section: tuple[int, ...] | None = None
   hidden_act: str = "silu"
+  qkv_bias: bool = True  # Qwen2's q, k, v biases
+  o_bias: bool = False
+  sliding_window: int | None = None  # Mistral: keys a query sees, itself included
 
   @property
   def groups(self) -> int:
@@ -58,13 +74,35 @@ class Qwen2Config:
 
   @classmethod
   def from_hf(cls, text: Mapping[str, Any], tie_word_embeddings: bool | None = None) -> "Qwen2Config":
-    """Parses a Qwen2 text config as transformers writes it (v5 `rope_parameters` or v4 `rope_theta`)."""
-    if text.get("use_sliding_window"):
-      raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
+    """Parses a Qwen2, Llama, Mistral or InternLM2 text config as transformers writes it
+    (v5 `rope_parameters` or v4 `rope_theta` / `rope_scaling`)."""
+    model_type = text.get("model_type", "qwen2")
+    if model_type.startswith("qwen2"):
+      if text.get("use_sliding_window"):
+        raise ValueError("sliding-window attention (use_sliding_window=true) is not supported")
+      qkv_bias, o_bias, window = True, False, None
+    elif model_type == "llama":
+      if text.get("mlp_bias"):
+        raise ValueError("Llama with mlp_bias=true is not supported")
+      qkv_bias = o_bias = bool(text.get("attention_bias", False))
+      window = None
+    elif model_type == "mistral":
+      qkv_bias = o_bias = False
+      window = text.get("sliding_window")
+      # A window as long as the context never binds.
+      if window is not None and window >= text.get("max_position_embeddings", float("inf")):
+        window = None
+    elif model_type == "internlm2":
+      qkv_bias = o_bias = bool(text.get("bias", False))
+      window = None
+    else:
+      raise ValueError(f"unsupported decoder model_type {model_type!r}; supported: qwen2, llama, mistral, internlm2")
     rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
     rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type not in ("default", "mrope"):
-      raise ValueError(f"unsupported rope type {rope_type!r}; supported: 'default' and M-RoPE")
+    # Dynamic NTK scaling (InternLM2.5) only rescales beyond max_position_embeddings (32k for
+    # InternVL2-8B); positions up to there are plain RoPE, which is what this decoder computes.
+    if rope_type not in ("default", "mrope", "dynamic"):
+      raise ValueError(f"unsupported rope type {rope_type!r}; supported: 'default', 'dynamic' and M-RoPE")
     heads = text["num_attention_heads"]
     section = rope.get("mrope_section")
     tie = text.get("tie_word_embeddings", False)
@@ -81,20 +119,25 @@ class Qwen2Config:
         tie_word_embeddings=bool(tie if tie_word_embeddings is None else tie_word_embeddings),
         mrope_section=tuple(section) if section else None,
         hidden_act=text.get("hidden_act", "silu"),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        sliding_window=None if window is None else int(window),
     )
 
 
 def param_shapes(cfg: Qwen2Config) -> dict:
   l, d, n, k, h, f, v = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                          cfg.intermediate_size, cfg.vocab_size)
+  attn = {"q": {"w": (l, d, n, h)}, "k": {"w": (l, d, k, h)}, "v": {"w": (l, d, k, h)}, "o": {"w": (l, n, h, d)}}
+  if cfg.qkv_bias:
+    attn["q"]["b"], attn["k"]["b"], attn["v"]["b"] = (l, n, h), (l, k, h), (l, k, h)
+  if cfg.o_bias:
+    attn["o"]["b"] = (l, d)
   shapes = {
       "embed": (v, d),
       "layers": {
           "attn_norm": (l, d),
-          "q": {"w": (l, d, n, h), "b": (l, n, h)},
-          "k": {"w": (l, d, k, h), "b": (l, k, h)},
-          "v": {"w": (l, d, k, h), "b": (l, k, h)},
-          "o": {"w": (l, n, h, d)},
+          **attn,
           "mlp_norm": (l, d),
           "gate": {"w": (l, d, f)},
           "up": {"w": (l, d, f)},
@@ -172,10 +215,18 @@ def apply_rope(x: Float[Array, "B T N H"], cos: Float[Array, "B T H"], sin: Floa
 
 def project_qkv(lp: Params, cfg: Qwen2Config, x: Float[Array, "B T D"], cos, sin):
   """q [B, T, N, H], k and v [B, T, K, H], q and k rotated."""
-  q = jnp.einsum("BTD,DNH->BTNH", x, lp["q"]["w"]) + lp["q"]["b"]
-  k = jnp.einsum("BTD,DKH->BTKH", x, lp["k"]["w"]) + lp["k"]["b"]
-  v = jnp.einsum("BTD,DKH->BTKH", x, lp["v"]["w"]) + lp["v"]["b"]
+  q, k, v = (_heads(lp[n], x) for n in "qkv")
   return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+
+def _heads(p: Params, x: Float[Array, "B T D"]) -> Float[Array, "B T N H"]:
+  y = jnp.einsum("BTD,DNH->BTNH", x, p["w"])
+  return y + p["b"] if "b" in p else y
+
+
+def out_proj(lp: Params, out: Float[Array, "*B N H"]) -> Float[Array, "*B D"]:
+  y = jnp.einsum("...NH,NHD->...D", out, lp["o"]["w"])
+  return y + lp["o"]["b"] if "b" in lp["o"] else y
 
 
 def mlp_block(lp: Params, cfg: Qwen2Config, h: Float[Array, "... D"]) -> Float[Array, "... D"]:
@@ -198,10 +249,11 @@ def layer(
   x = layers.rms_norm(h, lp["attn_norm"], cfg.rms_norm_eps)
   q, k, v = project_qkv(lp, cfg, x, cos, sin)
   lengths = attention_mask.sum(axis=-1).astype(jnp.int32)
+  window = None if cfg.sliding_window is None else (cfg.sliding_window - 1, 0)
   out = jax.nn.dot_product_attention(
       q, k, v, scale=cfg.head_dim ** -0.5, is_causal=True, key_value_seq_lengths=lengths,
-      implementation=implementation)
-  h_attn = h + jnp.einsum("BTNH,NHD->BTD", out, lp["o"]["w"])
+      local_window_size=window, implementation=implementation)
+  h_attn = h + out_proj(lp, out)
   sensitivity = search.layer_sensitivity(h, h_attn, attention_mask.astype(bool))
   return mlp_block(lp, cfg, h_attn), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), sensitivity
 
@@ -266,7 +318,7 @@ def decode_step(
     q, k, v = project_qkv(lp, cfg, x, cos, sin)
     lc = lc.append(k[:, 0], v[:, 0])
     out = attention.decode_attention(q[:, 0], lc, scale=cfg.head_dim ** -0.5, implementation=implementation)
-    h = mlp_block(lp, cfg, h + jnp.einsum("BNH,NHD->BD", out, lp["o"]["w"]))
+    h = mlp_block(lp, cfg, h + out_proj(lp, out))
     return (h, cache.replace_layer(l, lc)), None
 
   h = embed(params, tokens)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from models import llava_onevision, qwen2_vl
+from models import internvl, llava, llava_onevision, qwen2_vl
 from models.family import Family
 
-FAMILIES: dict[str, Family] = {f.model_type: f for f in (llava_onevision.FAMILY, qwen2_vl.QWEN2_VL, qwen2_vl.QWEN2_5_VL)}
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+    internvl.INTERNVL, internvl.INTERNVL_CHAT, llava.LLAVA, llava.LLAVA_NEXT, llava_onevision.FAMILY, qwen2_vl.QWEN2_VL, qwen2_vl.QWEN2_5_VL)}
 
 
 def known() -> tuple[str, ...]:

@@ -85,21 +85,30 @@ def init(cfg: SiglipConfig, key: jax.Array, dtype=jnp.float32) -> Params:
   return layers.init_tree(key, param_shapes(cfg), dtype)
 
 
-def embed(params: Params, cfg: SiglipConfig, pixel_values: Float[Array, "B C Yp Xq"]) -> Float[Array, "B P D"]:
-  """Non-overlapping patch projection (the stride-p convolution) plus learned positions."""
+def patch_embed(p: Params, cfg, pixel_values: Float[Array, "B C Yp Xq"]) -> Float[Array, "B P D"]:
+  """The non-overlapping patch projection (the stride-p convolution, with its bias if it has one).
+
+  Shared by the ViT towers (SigLIP, CLIP, InternViT); `cfg` needs image_size, patch_size and grid.
+  """
   b, c, height, width = pixel_values.shape
-  p = cfg.patch_size
+  p_ = cfg.patch_size
   if (height, width) != (cfg.image_size, cfg.image_size):
-    raise ValueError(f"SigLIP takes {cfg.image_size}x{cfg.image_size} images, got {height}x{width}")
-  w = params["patch_embed"]["w"]
+    raise ValueError(f"the vision tower takes {cfg.image_size}x{cfg.image_size} images, got {height}x{width}")
+  w = p["w"]
   # A stride-p convolution drops the last image_size mod p pixels (384 px: 27 patches of 14, 6 px left).
-  x = pixel_values[:, :, : cfg.grid * p, : cfg.grid * p].astype(w.dtype)
-  x = x.reshape(b, c, cfg.grid, p, cfg.grid, p)
-  x = jnp.einsum("BCYpXq,CpqD->BYXD", x, w) + params["patch_embed"]["b"]
-  return x.reshape(b, cfg.grid ** 2, -1) + params["pos_embed"]
+  x = pixel_values[:, :, : cfg.grid * p_, : cfg.grid * p_].astype(w.dtype)
+  x = x.reshape(b, c, cfg.grid, p_, cfg.grid, p_)
+  x = jnp.einsum("BCYpXq,CpqD->BYXD", x, w).reshape(b, cfg.grid ** 2, -1)
+  return x + p["b"] if "b" in p else x
+
+
+def embed(params: Params, cfg: SiglipConfig, pixel_values: Float[Array, "B C Yp Xq"]) -> Float[Array, "B P D"]:
+  """Patch projection plus learned positions."""
+  return patch_embed(params["patch_embed"], cfg, pixel_values) + params["pos_embed"]
 
 
 def encoder_layer(lp: Params, cfg: SiglipConfig, h: Float[Array, "B P D"], implementation: str | None = None):
+  """A pre-LayerNorm ViT block with biases everywhere (SigLIP's and CLIP's)."""
   x = layers.layer_norm(lp["ln1"], h, cfg.layer_norm_eps)
   q, k, v = (jnp.einsum("BPD,DNH->BPNH", x, lp[n]["w"]) + lp[n]["b"] for n in "qkv")
   out = jax.nn.dot_product_attention(q, k, v, scale=cfg.head_dim ** -0.5, implementation=implementation)
@@ -107,10 +116,6 @@ def encoder_layer(lp: Params, cfg: SiglipConfig, h: Float[Array, "B P D"], imple
   x = layers.layer_norm(lp["ln2"], h, cfg.layer_norm_eps)
   x = layers.dense(lp["fc2"], layers.activation(cfg.hidden_act)(layers.dense(lp["fc1"], x)))
   return h + x
-
-
-def _run_layers(stack: Params, cfg: SiglipConfig, h, implementation):
-  return jax.lax.scan(lambda h, lp: (encoder_layer(lp, cfg, h, implementation), None), h, stack)[0]
 
 
 def forward(
@@ -121,21 +126,8 @@ def forward(
     *,
     implementation: str | None = None,
 ) -> tuple[Float[Array, "B P D"], tuple[Float[Array, "B P D"], ...]]:
-  """(post-normed last hidden state, the hidden states at `hidden_indices`).
-
-  The layers run as scans between the requested indices, so under jit the
-  layers after the last requested one are dead code when `features` is unused.
-  """
-  n = cfg.num_layers + 1
-  for i in hidden_indices:
-    if not -n <= i < n:
-      raise ValueError(f"hidden state index {i} out of range for {cfg.num_layers} layers")
-  stops = sorted({i % n for i in hidden_indices} | {cfg.num_layers})
-  h = embed(params, cfg, pixel_values)
-  states, done = {0: h}, 0
-  for stop in stops:
-    if stop > done:
-      h = _run_layers(jax.tree.map(lambda x: x[done:stop], params["layers"]), cfg, h, implementation)
-      states[stop], done = h, stop
-  features = layers.layer_norm(params["post_ln"], h, cfg.layer_norm_eps)
-  return features, tuple(states[i % n] for i in hidden_indices)
+  """(post-normed last hidden state, the hidden states at `hidden_indices`)."""
+  h, states = layers.scan_hidden_states(
+      lambda lp, h: encoder_layer(lp, cfg, h, implementation), params["layers"],
+      embed(params, cfg, pixel_values), cfg.num_layers, hidden_indices)
+  return layers.layer_norm(params["post_ln"], h, cfg.layer_norm_eps), states

@@ -97,8 +97,8 @@ def test_unknown_family_is_named(llava_hf, tmp_path):
   src = tmp_path / "other"
   shutil.copytree(llava_hf.folder, src)
   cfg = json.loads((src / "config.json").read_text())
-  (src / "config.json").write_text(json.dumps({**cfg, "model_type": "llava_next"}))
-  _fails(src, tmp_path, "config.json", "unknown model family", "'llava_next'", "llava_onevision")
+  (src / "config.json").write_text(json.dumps({**cfg, "model_type": "llava_next_video"}))
+  _fails(src, tmp_path, "config.json", "unknown model family", "'llava_next_video'", "llava_onevision")
 
 
 def test_missing_config_is_named(llava_hf, tmp_path):

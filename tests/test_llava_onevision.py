@@ -133,7 +133,7 @@ def test_anyres_image_logits_match(llava_hf, llava_converted, aspect):
   cfg = dataclasses.replace(llava_converted.cfg, max_num_patches=int(aspect.strip("anyres_max_")))
   rng = np.random.default_rng(6)
   sizes = np.array([[100, 230]])
-  tiles = llava_onevision._num_tiles(cfg, (100, 230))
+  tiles = llava_onevision.num_tiles(cfg, (100, 230))
   pixels = rng.standard_normal((1, tiles, 3, 70, 70)).astype(np.float32)
   count = llava_onevision.image_features(llava_converted.params, cfg, pixels, sizes)[0].shape[0]
   ids = _with_media(rng, cfg, cfg.image_token_id, count, count + 20, cfg.text.vocab_size)[None]

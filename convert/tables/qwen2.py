@@ -1,4 +1,7 @@
-"""Rules for the Qwen2 decoder (`models.qwen2`), shared by every family that uses it."""
+"""Rules for the shared decoder (`models.qwen2`): Qwen2, Llama and Mistral name their tensors alike.
+
+Which biases exist follows the config (`qkv_bias`, `o_bias`), so one table serves them all.
+"""
 from __future__ import annotations
 
 from convert.framework import Rule
@@ -16,8 +19,11 @@ def rules(cfg: Qwen2Config, path: str = "decoder", hf: str = "language_model.") 
       Rule(f"{path}/norm", f"{hf}norm.weight"),
   ]
   for n in "qkv":
-    out += [Rule(f"{path}/layers/{n}/w", layer + f"self_attn.{n}_proj.weight", "linear_to_heads"),
-            Rule(f"{path}/layers/{n}/b", layer + f"self_attn.{n}_proj.bias", "split_heads")]
+    out.append(Rule(f"{path}/layers/{n}/w", layer + f"self_attn.{n}_proj.weight", "linear_to_heads"))
+    if cfg.qkv_bias:
+      out.append(Rule(f"{path}/layers/{n}/b", layer + f"self_attn.{n}_proj.bias", "split_heads"))
+  if cfg.o_bias:
+    out.append(Rule(f"{path}/layers/o/b", layer + "self_attn.o_proj.bias"))
   for n in ("gate", "up", "down"):
     out.append(Rule(f"{path}/layers/{n}/w", layer + f"mlp.{n}_proj.weight", "linear"))
   if not cfg.tie_word_embeddings:
