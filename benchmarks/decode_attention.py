@@ -280,7 +280,7 @@ def markdown(report) -> str:
   lines = [f"# Decode attention, one layer, {HEADS} q heads / {KV_HEADS} KV heads / head dim {HEAD_DIM}, bf16",
            "", f"- command: `{report['command']}`", f"- date: {report['date']}", f"- device: {report['device']}",
            f"- jax {report['jax']}; kernel: Pallas Triton lowering (`implementation=\"pallas\"`)",
-           f"- copy bandwidth (bytes read + written): " + ", ".join(
+           "- copy bandwidth (bytes read + written): " + ", ".join(
                f"{k} {v:.2f} TB/s" for k, v in report["copy"].items() if k.endswith("TBps")),
            "- bytes: `KVCache.nbytes` of a single-layer cache (codes + f16 scales/zeros + bf16 windows + rest)",
            "- vs cudnn: cudnn time on an all-FP16 [B,T,K,H] cache of the same tokens / pallas time; "

@@ -14,7 +14,6 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import jax
 import numpy as np
 
 import wq_jax

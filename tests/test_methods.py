@@ -1,5 +1,4 @@
 """Every method plans through the same cache; ablations change what the paper says they change."""
-import jax.numpy as jnp
 import numpy as np
 import pytest
 

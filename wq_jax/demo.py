@@ -11,7 +11,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 PROMPT = "What is happening in this video?"
 

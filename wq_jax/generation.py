@@ -16,7 +16,6 @@ import dataclasses
 import functools
 import os
 import time
-from typing import Any
 
 import jax
 import jax.numpy as jnp

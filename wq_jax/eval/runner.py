@@ -16,10 +16,10 @@ cannot be read, or whose batch `generate` refuses even alone, becomes an error
 row and the run goes on (`retry_errors` runs them again).
 
 Batches: `batch_size` questions in file order, grouped by what must match
-inside one `generate` batch (the frame count; for Qwen2-VL the frame size too)
-and padded with copies of the last request to `batch_size` rounded up to the
-mesh's data axis, so every batch has one shape (no recompilation for the last,
-uneven one) and splits evenly over the devices; padded results are dropped.
+inside one `generate` batch (the frame count; for Qwen2-VL the frame size too).
+`generate` pads a batch to the mesh's data axis with copies of its last request,
+which take no part in the plan and whose results are dropped; the last, uneven
+batch may compile once more.
 Videos decode in threads one batch ahead, while the devices run the current one.
 Under a quantizing method a batch shares one plan, so a question's answer
 depends on its batch: keep `batch_size` fixed when comparing runs.
@@ -38,8 +38,7 @@ from typing import Sequence
 import numpy as np
 from tqdm import tqdm
 
-from wq_jax import generation, parallel
-from wq_jax.buckets import round_up
+from wq_jax import generation
 from wq_jax.eval import scoring
 from wq_jax.eval.media import load_media
 from wq_jax.eval.tasks import Question
@@ -130,15 +129,14 @@ def _batch_key(model, frames: np.ndarray) -> tuple:
   return frames.shape[:1] if model.model_type == "llava_onevision" else frames.shape
 
 
-def _generate_rows(model, group: list[tuple[Question, np.ndarray]], cfg: RunConfig, mesh, size: int) -> list[dict]:
-  """Rows of one batch through `generate`, padded to `size` requests."""
+def _generate_rows(model, group: list[tuple[Question, np.ndarray]], cfg: RunConfig, mesh) -> list[dict]:
+  """Rows of one batch through `generate` (which pads it to the mesh; padding takes no part in the plan)."""
   questions = [q for q, _ in group]
   videos = [f for _, f in group]
   prompts = [q.prompt for q in questions]
-  extra = size - len(group)
   loglik = cfg.scoring == "loglik"
   g = generation.generate(
-      model, videos + [videos[-1]] * extra, prompts + [prompts[-1]] * extra, method=cfg.method,
+      model, videos, prompts, method=cfg.method,
       config=cfg.config, num_frames=None, max_new_tokens=1 if loglik else cfg.max_new_tokens,
       attention=cfg.attention, return_logits=loglik, mesh=mesh)
   bits = {str(b): int((g.bit_plan == b).sum()) for b in BITS}
@@ -154,14 +152,14 @@ def _generate_rows(model, group: list[tuple[Question, np.ndarray]], cfg: RunConf
   return rows
 
 
-def _run_group(model, group, cfg: RunConfig, mesh, size: int) -> list[dict]:
+def _run_group(model, group, cfg: RunConfig, mesh) -> list[dict]:
   """One batch; if `generate` refuses it, each question alone, failures as error rows."""
   try:
-    return _generate_rows(model, group, cfg, mesh, size)
+    return _generate_rows(model, group, cfg, mesh)
   except Exception as e:  # one bad request must not stop the run
     if len(group) == 1:
       return [_error_row(group[0][0], cfg, e)]
-  return [row for item in group for row in _run_group(model, [item], cfg, mesh, size)]
+  return [row for item in group for row in _run_group(model, [item], cfg, mesh)]
 
 
 def _load(q: Question, num_frames: int | None):
@@ -172,7 +170,7 @@ def _load(q: Question, num_frames: int | None):
     return e
 
 
-def _run_chunk(model, chunk: list[Question], loaded: list, cfg: RunConfig, mesh, size: int) -> list[dict]:
+def _run_chunk(model, chunk: list[Question], loaded: list, cfg: RunConfig, mesh) -> list[dict]:
   rows, groups = {}, defaultdict(list)
   for q, frames in zip(chunk, loaded):
     if isinstance(frames, Exception):
@@ -180,7 +178,7 @@ def _run_chunk(model, chunk: list[Question], loaded: list, cfg: RunConfig, mesh,
     else:
       groups[_batch_key(model, frames)].append((q, frames))
   for group in groups.values():
-    for row in _run_group(model, group, cfg, mesh, size):
+    for row in _run_group(model, group, cfg, mesh):
       rows[row["qid"]] = row
   return [rows[q.qid] for q in chunk]
 
@@ -212,7 +210,6 @@ def run_task(model, questions: Sequence[Question], cfg: RunConfig, output, *, me
   _check_setting(done, cfg, output)
   done_ids = {r["qid"] for r in done}
   pending = [q for q in questions if q.qid not in done_ids]
-  size = round_up(cfg.batch_size, parallel.data_size(mesh))
   chunks = [pending[i:i + cfg.batch_size] for i in range(0, len(pending), cfg.batch_size)]
   bar = tqdm(total=len(pending), desc=cfg.name, unit="q", disable=not progress, file=sys.stderr)
   # PyAV decodes without the GIL, so the next batch's videos decode while this one runs.
@@ -221,7 +218,7 @@ def run_task(model, questions: Sequence[Question], cfg: RunConfig, output, *, me
     ahead = submit(chunks[0]) if chunks else []
     for k, chunk in enumerate(chunks):
       loading, ahead = ahead, (submit(chunks[k + 1]) if k + 1 < len(chunks) else [])
-      rows = _run_chunk(model, chunk, [f.result() for f in loading], cfg, mesh, size)
+      rows = _run_chunk(model, chunk, [f.result() for f in loading], cfg, mesh)
       append_rows(output, rows)
       bar.update(len(rows))
   by_id = {r["qid"]: r for r in read_rows(output) if mine(r)}
