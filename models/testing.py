@@ -59,6 +59,13 @@ def tiny_tokenizer(vocab_size: int = 320, special_tokens=SPECIAL_TOKENS, chat_te
                                  chat_template=chat_template)
 
 
+def with_overrides(cfg: dict, overrides: dict) -> dict:
+  """`cfg` with `overrides` applied; a dict override updates a nested config instead of replacing it."""
+  for key, value in overrides.items():
+    cfg[key] = {**cfg[key], **value} if isinstance(value, dict) and isinstance(cfg.get(key), dict) else value
+  return cfg
+
+
 def tiny_llava_onevision_config(tokenizer, **overrides: Any) -> dict:
   """A config.json dict: SigLIP 32 wide, 2 layers, 70 px / 14 px patches (5x5 -> 3x3 pooled);
   Qwen2 64 wide, 2 layers, 4 heads, 2 KV heads."""
@@ -87,12 +94,7 @@ def tiny_llava_onevision_config(tokenizer, **overrides: Any) -> dict:
           "eos_token_id": tokenizer.convert_tokens_to_ids("<|im_end|>"),
       },
   }
-  for key, value in overrides.items():
-    if isinstance(value, dict) and isinstance(cfg.get(key), dict):
-      cfg[key] = {**cfg[key], **value}
-    else:
-      cfg[key] = value
-  return cfg
+  return with_overrides(cfg, overrides)
 
 
 def randomize_(model, seed: int = 0) -> None:
@@ -271,12 +273,7 @@ def tiny_llava_config(tokenizer, model_type: str = "llava", decoder: str = "llam
   }
   if model_type == "llava_next":
     cfg["image_grid_pinpoints"] = TINY_LLAVA_NEXT_PINPOINTS
-  for key, value in overrides.items():
-    if isinstance(value, dict) and isinstance(cfg.get(key), dict):
-      cfg[key] = {**cfg[key], **value}
-    else:
-      cfg[key] = value
-  return cfg
+  return with_overrides(cfg, overrides)
 
 
 def save_tiny_llava(folder, model_type: str = "llava", decoder: str = "llama", seed: int = 0, **overrides: Any):
@@ -353,12 +350,7 @@ def tiny_internvl_config(tokenizer, decoder: str = "llama", **overrides: Any) ->
           "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
       },
   }
-  for key, value in overrides.items():
-    if isinstance(value, dict) and isinstance(cfg.get(key), dict):
-      cfg[key] = {**cfg[key], **value}
-    else:
-      cfg[key] = value
-  return cfg
+  return with_overrides(cfg, overrides)
 
 
 def _save_internvl_side_files(folder: Path, tokenizer, image_size: int) -> None:

@@ -120,9 +120,10 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   next_positions = _next_positions(embedded.positions, embedded.attention_mask)
   del pre, embedded
 
+  eos = _eos_ids(model)
   start = time.perf_counter()
   tokens, count, step_logits = _decode_loop(
-      model.params["decoder"], cfg.text, cache, first_logits, next_positions, jnp.asarray(_eos_ids(model)),
+      model.params["decoder"], cfg.text, cache, first_logits, next_positions, jnp.asarray(eos),
       jax.random.PRNGKey(seed), jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p),
       steps=max_new_tokens, implementation=_attention_for(attention, mesh), return_logits=return_logits,
       greedy=temperature <= 0)
@@ -130,9 +131,8 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   timings["decode_s"] = time.perf_counter() - start
   count = int(count)
   tokens = tokens[:, :count]
-  generated = sum(len(_until_eos(row, _eos_ids(model))) for row in tokens)
-  timings["tokens_per_s"] = generated / max(timings["decode_s"], 1e-9)
-  rows = [_until_eos(row, _eos_ids(model)) for row in tokens]
+  rows = [_until_eos(row, eos) for row in tokens]
+  timings["tokens_per_s"] = sum(len(r) for r in rows) / max(timings["decode_s"], 1e-9)
   texts = [tokenizer.decode(r, skip_special_tokens=True) for r in rows]
   single = not isinstance(prompt, (list, tuple))
   return Generation(
