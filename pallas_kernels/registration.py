@@ -19,7 +19,7 @@ def _arrays(pool: Pool, used_windows: int) -> quantized_decode.PoolArrays | None
   """A pool as the kernel takes it; None where no layer has a window there."""
   if used_windows == 0 or pool.data.shape[2] == 0:
     return None
-  return quantized_decode.PoolArrays(pool.data, pool.scale, pool.zero, pool.bits, pool.channel_group)
+  return quantized_decode.PoolArrays(pool.data, pool.scale, pool.minimum, pool.bits, pool.channel_group)
 
 
 @attention.register("pallas")

@@ -155,4 +155,7 @@ def test_pallas_attention_generates_what_xla_generates(model, videos, method, co
   xla = wq_jax.generate(model, videos[3], PROMPT, attention="xla", **kw)
   pallas = wq_jax.generate(model, videos[3], PROMPT, attention="pallas", **kw)  # interpret mode on CPU
   np.testing.assert_array_equal(xla.token_ids, pallas.token_ids)
-  np.testing.assert_allclose(xla.logits, pallas.logits, rtol=1e-4, atol=1e-4)
+  # The kernel dequantizes INT4/INT2 windows into halves (2^-11 relative, far below a quantization
+  # step); 16-bit windows and the rest segment stay in the cache's dtype (float32 here).
+  tol = 1e-4 if method == "fp16" else 2e-3
+  np.testing.assert_allclose(xla.logits, pallas.logits, rtol=tol, atol=tol)

@@ -22,7 +22,9 @@ def test_unreordered_equals_reordered(dtype):
   for l in range(layers):
     a = attention.decode_attention(q, reordered.layer(l))
     b = attention.decode_attention(q, unreordered.layer(l))
-    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-4, atol=1e-4)
+    # In bf16 the reordered reader rounds q and p to the cache dtype for its 16-bit segments.
+    tol = 1e-4 if dtype == jnp.float32 else 2e-3
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol)
   # Same records, no reordering: bytes within the buckets of each other.
   assert 0.9 < unreordered.nbytes / reordered.nbytes < 1.1
   # Appending works the same way.

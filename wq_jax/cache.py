@@ -6,8 +6,8 @@ layer, P windows in a pool (all layers), R rest tokens, C channel groups.
 For keys and for values alike:
 
     pools[0]  high precision   data [B, K, P16*S, H]             model dtype
-    pools[1]  INT4             data [B, K, P4*S, H/2] uint8      scale, zero [B, K, P4, H]
-    pools[2]  INT2             data [B, K, P2*S, H/4] uint8      scale, zero [B, K, P2, H]
+    pools[1]  INT4             data [B, K, P4*S, H/2] uint8      scale, minimum [B, K, P4, H]
+    pools[2]  INT2             data [B, K, P2*S, H/4] uint8      scale, minimum [B, K, P2, H]
     rest      [L, B, K, R, H]  model dtype: text tokens, the visual tail (M mod S
               tokens), then room for the generated tokens; `rest_len[b]` are valid.
 
@@ -19,9 +19,12 @@ up to a shape bucket (`buckets.bucket`, at most 6.25 % padding), so the cache's
 bytes follow the plan. Windows keep their original order inside a pool; every
 token is stored head-major so a kernel reads each segment once.
 
-Quantized keys have one (scale, zero) per window, KV head and channel (the
+Quantized keys have one (scale, minimum) per window, KV head and channel (the
 window's S tokens form the group); values the same, or, for KIVI, per token
 over groups of `value_channel_group` channels (scale [B, K, P*S, H/C]).
+A value is scale * code + minimum: the minimum (-scale * zero-point, the value
+of code 0) is stored instead of the integer zero-point, so that dequantizing is
+one fused multiply-add per value, in a kernel's registers as in XLA.
 """
 from __future__ import annotations
 
@@ -46,9 +49,9 @@ class Pool:
   """All layers' windows of one precision, for keys or for values."""
   data: jax.Array  # [B, K, P*S, H] values, or [B, K, P*S, H*bits/8] packed codes
   scale: jax.Array | None  # None for the high-precision pool
-  zero: jax.Array | None
+  minimum: jax.Array | None  # -scale * zero-point: a value is scale * code + minimum
   bits: int = struct.field(pytree_node=False)
-  # 0: one (scale, zero) per window and channel; C > 0: per token over C channels.
+  # 0: one (scale, minimum) per window and channel; C > 0: per token over C channels.
   channel_group: int = struct.field(pytree_node=False, default=0)
 
 
@@ -252,10 +255,15 @@ def make_pool(windows: Float[Array, "B K P S H"], bits: int, channel_group: int,
     grouped = windows.reshape(b, k, p * s, h // channel_group, channel_group)
     q, scale, zero = quant.quantize_codes(grouped, bits, axis=-1, scale_dtype=meta_dtype)
     codes = quant.pack(q.reshape(b, k, p * s, h), bits)
-    return Pool(codes, scale[..., 0], zero[..., 0], bits=bits, channel_group=channel_group)
+    return Pool(codes, scale[..., 0], _minimum(scale, zero)[..., 0], bits=bits, channel_group=channel_group)
   q, scale, zero = quant.quantize_codes(windows, bits, axis=3, scale_dtype=meta_dtype)
   codes = quant.pack(q.reshape(b, k, p * s, h), bits)
-  return Pool(codes, scale[:, :, :, 0], zero[:, :, :, 0], bits=bits)
+  return Pool(codes, scale[:, :, :, 0], _minimum(scale, zero)[:, :, :, 0], bits=bits)
+
+
+def _minimum(scale, zero):
+  """-scale * zero-point in float32, stored in the metadata dtype: the value of code 0."""
+  return (-scale.astype(jnp.float32) * zero.astype(jnp.float32)).astype(scale.dtype)
 
 
 # ----------------------------------------------------------------------------- reading back
@@ -270,10 +278,10 @@ def pool_window_values(pool: Pool, head_dim: int, window_size: int) -> Float[Arr
   if pool.channel_group:
     g = pool.channel_group
     x = codes.reshape(b, k, t, h // g, g)
-    x = pool.scale.astype(jnp.float32)[..., None] * (x - pool.zero.astype(jnp.float32)[..., None])
+    x = pool.scale.astype(jnp.float32)[..., None] * x + pool.minimum.astype(jnp.float32)[..., None]
     return x.reshape(b, k, t, h)
   x = codes.reshape(b, k, t // window_size, window_size, h)
-  x = pool.scale.astype(jnp.float32)[:, :, :, None] * (x - pool.zero.astype(jnp.float32)[:, :, :, None])
+  x = pool.scale.astype(jnp.float32)[:, :, :, None] * x + pool.minimum.astype(jnp.float32)[:, :, :, None]
   return x.reshape(b, k, t, h)
 
 

@@ -7,7 +7,7 @@ other, in original order, as variable-size byte records in one heap shared by
 all layers (keys and values in two heaps of equal layout):
 
     16-bit window   S*H values in the model dtype
-    b-bit window    S*H*b/8 code bytes, then H scales and H zero-points (meta dtype)
+    b-bit window    S*H*b/8 code bytes, then H scales and H minimums (meta dtype)
 
 `record_start[l, w]` is the byte offset of window w of layer l. Memory is
 exactly the planned records (rounded up to a bucket), like the reordered
@@ -167,7 +167,7 @@ def _records(pool, num_windows):
   data = _as_bytes(pool.data.reshape(b, k, num_windows, -1))
   if pool.bits == 16:
     return data
-  return jnp.concatenate([data, _as_bytes(pool.scale), _as_bytes(pool.zero)], axis=-1)
+  return jnp.concatenate([data, _as_bytes(pool.scale), _as_bytes(pool.minimum)], axis=-1)
 
 
 def _scatter_records(heap, records, starts):
@@ -198,9 +198,9 @@ def layer_windows(heap, layer: InterleavedLayer, head_dim: int):
       meta_bytes = head_dim * jnp.dtype(layer.meta_dtype).itemsize
       codes = rec[..., :code_bytes].reshape(b, k, w, s, -1)
       scale = _from_bytes(rec[..., code_bytes:code_bytes + meta_bytes], layer.meta_dtype)
-      zero = _from_bytes(rec[..., code_bytes + meta_bytes:], layer.meta_dtype)
+      minimum = _from_bytes(rec[..., code_bytes + meta_bytes:], layer.meta_dtype)
       q = quant.unpack(codes, bits, head_dim).astype(jnp.float32)
-      x = scale.astype(jnp.float32)[:, :, :, None] * (q - zero.astype(jnp.float32)[:, :, :, None])
+      x = scale.astype(jnp.float32)[:, :, :, None] * q + minimum.astype(jnp.float32)[:, :, :, None]
     per_format.append(x)
   bits = layer.plan[None, None, :, None, None]
   x = jnp.where(bits == 16, per_format[0], jnp.where(bits == 4, per_format[1], per_format[2]))

@@ -31,5 +31,7 @@ for name in names:
   np.testing.assert_array_equal(sharded.bit_plan, plain.bit_plan)
   for a, b in zip(sharded.token_ids, plain.token_ids):
     np.testing.assert_array_equal(a, b)
-  np.testing.assert_allclose(sharded.logits, plain.logits, rtol=1e-4, atol=1e-4)
+  # The kernel dequantizes INT4/INT2 windows into halves, the XLA path in float32.
+  tol = 2e-3 if attention == "pallas" and method != "fp16" else 1e-4
+  np.testing.assert_allclose(sharded.logits, plain.logits, rtol=tol, atol=tol)
   print(f"{name}{'+' + attention if attention else ''}: sharded == plain", flush=True)
