@@ -322,5 +322,7 @@ def decode_step(
     return (h, cache.replace_layer(l, lc)), None
 
   h = embed(params, tokens)
-  (h, cache), _ = jax.lax.scan(body, (h, cache), (params["layers"], jnp.arange(cfg.num_layers)))
+  # Unrolled: in a rolled loop XLA copies each layer's slice of the stacked weights before its
+  # matrix-vector products, tripling the bytes a step reads (benchmarks/results/layer_loop_*).
+  (h, cache), _ = jax.lax.scan(body, (h, cache), (params["layers"], jnp.arange(cfg.num_layers)), unroll=True)
   return lm_head(params, cfg, final_norm(params, cfg, h)), cache.advance()

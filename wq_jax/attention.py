@@ -4,9 +4,10 @@ Axes: B batch, N query heads, K KV heads, G query heads per KV head, H head dim,
 W windows, S window size, T tokens, C channel groups.
 
 The XLA implementation is written in the kernels' factored form (SPEC §3):
-for a quantized key window, q . k_hat = sum_c (q_c s_c) k_c - sum_c q_c s_c z_c,
-so the scales fold into q and the codes need only an int -> float conversion;
-for values, sum_t p_t s_c (v_tc - z_c) = s_c (sum_t p_t v_tc - z_c sum_t p_t).
+for a quantized key window (k_hat = s k + m, m = -s z the stored minimum),
+q . k_hat = sum_c (q_c s_c) k_c + sum_c q_c m_c, so the scales fold into q and
+the codes need only an int -> float conversion; for values,
+sum_t p_t (s_c v_tc + m_c) = s_c sum_t p_t v_tc + m_c sum_t p_t.
 One softmax runs over the logits of every segment at once (SPEC Eqs. 12-13).
 """
 from __future__ import annotations
@@ -115,19 +116,28 @@ def _slice_windows(x, start_window, n):
   return jax.lax.dynamic_slice_in_dim(x, start_window, n, axis=2)
 
 
+def _dense_logits(qg, keys):
+  """q . k in float32 from operands in the cache's dtype: no float32 copy of the cache is made."""
+  return jnp.einsum("BKGH,BKTH->BKGT", qg.astype(keys.dtype), keys, preferred_element_type=jnp.float32)
+
+
+def _dense_output(p, values):
+  return jnp.einsum("BKGT,BKTH->BKGH", p.astype(values.dtype), values, preferred_element_type=jnp.float32)
+
+
 def _key_logits(qg, pool: Pool, start, n, s):
   """[B, K, G, n*S] logits of one pool slice, factored for quantized windows."""
   b, k, g, h = qg.shape
   data = _slice_tokens(pool.data, start, n, s)
   if pool.bits == 16:
-    return jnp.einsum("BKGH,BKTH->BKGT", qg, data.astype(jnp.float32))
+    return _dense_logits(qg, data)
   codes = quant.unpack(data, pool.bits, h).astype(jnp.float32).reshape(b, k, n, s, h)
   sc = _slice_windows(pool.scale, start, n).astype(jnp.float32)  # [B, K, n, H]
-  zr = _slice_windows(pool.zero, start, n).astype(jnp.float32)
+  mn = _slice_windows(pool.minimum, start, n).astype(jnp.float32)
   qs = qg[:, :, :, None, :] * sc[:, :, None]  # [B, K, G, n, H]: scales folded into q
   logits = jnp.einsum("BKGWH,BKWSH->BKGWS", qs, codes)
-  bias = jnp.einsum("BKGWH,BKWH->BKGW", qs, zr)  # one bias per window
-  return (logits - bias[..., None]).reshape(b, k, g, n * s)
+  bias = jnp.einsum("BKGH,BKWH->BKGW", qg, mn)  # one bias per window
+  return (logits + bias[..., None]).reshape(b, k, g, n * s)
 
 
 def _value_output(p, pool: Pool, start, n, s, h):
@@ -135,22 +145,21 @@ def _value_output(p, pool: Pool, start, n, s, h):
   b, k, g, _ = p.shape
   data = _slice_tokens(pool.data, start, n, s)
   if pool.bits == 16:
-    return jnp.einsum("BKGT,BKTH->BKGH", p, data.astype(jnp.float32))
+    return _dense_output(p, data)
   codes = quant.unpack(data, pool.bits, h).astype(jnp.float32)  # [B, K, n*S, H]
   if pool.channel_group:  # per-token scales over channel groups: fold them into p
     c = pool.channel_group
     sc = _slice_tokens(pool.scale, start, n, s).astype(jnp.float32)  # [B, K, T, H/C]
-    zr = _slice_tokens(pool.zero, start, n, s).astype(jnp.float32)
+    mn = _slice_tokens(pool.minimum, start, n, s).astype(jnp.float32)
     ps = p[..., None] * sc[:, :, None]  # [B, K, G, T, H/C]
     pv = jnp.einsum("BKGTH,BKTH->BKGH", jnp.repeat(ps, c, axis=-1), codes)
-    bias = jnp.einsum("BKGTC,BKTC->BKGC", ps, zr)
-    return pv - jnp.repeat(bias, c, axis=-1)
+    bias = jnp.einsum("BKGT,BKTC->BKGC", p, mn)
+    return pv + jnp.repeat(bias, c, axis=-1)
   sc = _slice_windows(pool.scale, start, n).astype(jnp.float32)  # [B, K, n, H]
-  zr = _slice_windows(pool.zero, start, n).astype(jnp.float32)
+  mn = _slice_windows(pool.minimum, start, n).astype(jnp.float32)
   pw = p.reshape(b, k, g, n, s)
   pv = jnp.einsum("BKGWS,BKWSH->BKGWH", pw, codes.reshape(b, k, n, s, h))
-  pv = pv - zr[:, :, None] * pw.sum(-1)[..., None]
-  return jnp.einsum("BKWH,BKGWH->BKGH", sc, pv)
+  return jnp.einsum("BKWH,BKGWH->BKGH", sc, pv) + jnp.einsum("BKWH,BKGW->BKGH", mn, pw.sum(-1))
 
 
 @register("xla")
@@ -165,14 +174,14 @@ def _xla_attention(qg: Float[Array, "B K G H"], layer: LayerCache) -> Float[Arra
     logits.append(_key_logits(qg, layer.k_pools[p], start, n, s))
     masks.append(jnp.broadcast_to(jnp.repeat(valid, s)[None], (b, n * s)))
     slices.append((p, start, n))
-  logits.append(jnp.einsum("BKGH,BKTH->BKGT", qg, layer.rest_k.astype(jnp.float32)))
+  logits.append(_dense_logits(qg, layer.rest_k))
   masks.append(jnp.arange(layer.rest_k.shape[2])[None, :] < layer.rest_len[:, None])
   sizes = [x.shape[-1] for x in logits]
   all_logits = jnp.concatenate(logits, axis=-1)
   mask = jnp.concatenate(masks, axis=-1)[:, None, None, :]
   probs = jax.nn.softmax(jnp.where(mask, all_logits, -jnp.inf), axis=-1)
   parts = jnp.split(probs, np.cumsum(sizes)[:-1].tolist(), axis=-1)
-  out = jnp.einsum("BKGT,BKTH->BKGH", parts[-1], layer.rest_v.astype(jnp.float32))
+  out = _dense_output(parts[-1], layer.rest_v)
   for part, (p, start, n) in zip(parts[:-1], slices):
     out = out + _value_output(part, layer.v_pools[p], start, n, s, h)
   return out
