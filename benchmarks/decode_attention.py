@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks.harness import copy_bandwidth
 from pallas_kernels import quantized_decode as qd
 from pallas_kernels import registration
 from wq_jax import attention, cache
@@ -68,8 +69,8 @@ def synthetic_cache(key, batch: int, tokens: int, plan: str) -> KVCache:
     meta = (*bk, t, HEAD_DIM // channel_group) if channel_group else (*bk, n, HEAD_DIM)
     codes = jax.random.bits(next(keys), (*bk, t, HEAD_DIM * bits // 8), jnp.uint8)
     scale = jax.random.uniform(next(keys), meta, jnp.float32, 0.02, 0.1).astype(jnp.float16)
-    zero = jax.random.randint(next(keys), meta, 0, 1 << bits).astype(jnp.float16)
-    return Pool(codes, scale, zero, bits=bits, channel_group=channel_group)
+    minimum = -scale * jax.random.randint(next(keys), meta, 0, 1 << bits).astype(jnp.float16)
+    return Pool(codes, scale, minimum, bits=bits, channel_group=channel_group)
 
   k_pools = tuple(pool(bits, n) for bits, n in zip(cache.POOL_BITS, counts))
   v_pools = tuple(pool(bits, n, group if bits != 16 else 0) for bits, n in zip(cache.POOL_BITS, counts))
@@ -112,37 +113,6 @@ def inner_calls(nbytes: int) -> int:
   """Calls per timed dispatch: about 2 ms of work, at least 1, at most 32."""
   est = nbytes / 3e12 + 5e-6
   return int(min(32, max(1, round(2e-3 / est))))
-
-
-def copy_bandwidth():
-  """Device-to-device copy bandwidth, bytes read + written: through jnp (x + 1) and torch."""
-  out = {}
-  n = 1 << 32  # 4 GiB: one call is ~2 ms, so the dispatch is noise
-  x = jnp.arange(n // 4, dtype=jnp.uint32)
-  t, _, _, _ = bench(lambda c, a: a + c, [(x,)], [jnp.uint32(1)], repeats=9)
-  out["jnp_elementwise_TBps"] = 2 * n / t / 1e12
-  del x
-  try:
-    import torch
-    if torch.cuda.is_available():
-      src = torch.empty(n // 4, dtype=torch.uint8, device="cuda").random_()
-      dst = torch.empty_like(src)
-      for _ in range(3):
-        dst.copy_(src)
-      times = []
-      for _ in range(20):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 1e3)
-      out["torch_copy_TBps"] = 2 * (n // 4) / float(np.median(times)) / 1e12
-      del src, dst
-      torch.cuda.empty_cache()
-  except Exception as e:  # torch is optional: report why it is missing
-    out["torch_error"] = repr(e)[:200]
-  return out
 
 
 # ----------------------------------------------------------------------------- runs
@@ -257,15 +227,16 @@ def correctness_checks():
   return rows
 
 
-VARIANTS = {
-    "tiled4": qd.DecodeConfig(),
-    "tiled2": qd.DecodeConfig(tile_windows=2),
-    "tiled4_warps8": qd.DecodeConfig(num_warps=8),
-    "tiled2_warps8": qd.DecodeConfig(tile_windows=2, num_warps=8),
-    "tiled4_stages2": qd.DecodeConfig(num_stages=2),
-    "factored": qd.DecodeConfig(factored=True),
-    "factored_warps2": qd.DecodeConfig(factored=True, num_warps=2),
-    "no_magic": qd.DecodeConfig(magic_convert=False),
+VARIANTS = {  # t: quantized windows a step, w: warps a program, s: pipeline stages
+    "t4w8": qd.DecodeConfig(tile_windows=4, num_warps=8),
+    "t2w4": qd.DecodeConfig(tile_windows=2, num_warps=4),
+    "t2w8": qd.DecodeConfig(tile_windows=2, num_warps=8),
+    "t8w8": qd.DecodeConfig(tile_windows=8, num_warps=8),
+    "t4w4": qd.DecodeConfig(tile_windows=4, num_warps=4),
+    "t2w4s2": qd.DecodeConfig(tile_windows=2, num_warps=4, num_stages=2),
+    "t4w8s2": qd.DecodeConfig(tile_windows=4, num_warps=8, num_stages=2),
+    "t2w4_jnp": qd.DecodeConfig(tile_windows=2, num_warps=4, inline_asm=False),
+    "t4w8_jnp": qd.DecodeConfig(tile_windows=4, num_warps=8, inline_asm=False),
 }
 # (batch, tokens) in the order a time-limited run measures them: the bars' configurations first.
 PRIORITY = [(8, 32768), (1, 1024), (60, 32768), (1, 32768), (8, 131072), (8, 1024), (60, 1024), (8, 8192),
@@ -282,7 +253,7 @@ def markdown(report) -> str:
            f"- jax {report['jax']}; kernel: Pallas Triton lowering (`implementation=\"pallas\"`)",
            "- copy bandwidth (bytes read + written): " + ", ".join(
                f"{k} {v:.2f} TB/s" for k, v in report["copy"].items() if k.endswith("TBps")),
-           "- bytes: `KVCache.nbytes` of a single-layer cache (codes + f16 scales/zeros + bf16 windows + rest)",
+           "- bytes: `KVCache.nbytes` of a single-layer cache (codes + f16 scales/minimums + bf16 windows + rest)",
            "- vs cudnn: cudnn time on an all-FP16 [B,T,K,H] cache of the same tokens / pallas time; "
            "byte ratio: those FP16 bytes / the plan's bytes", "",
            "| batch | tokens | plan | MB | pallas µs | TB/s | % copy | cudnn µs | vs cudnn | byte ratio "

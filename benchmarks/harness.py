@@ -1,4 +1,5 @@
-"""Shared benchmark plumbing: timing by median of repeats, and results with their provenance."""
+"""Shared benchmark plumbing: timing by median of repeats, the device's copy bandwidth and memory,
+and results with their provenance."""
 from __future__ import annotations
 
 import datetime
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -33,6 +35,53 @@ def time_fn(fn, *args, repeats: int = 10, warmup: int = 2) -> dict:
     jax.block_until_ready(fn(*args))
     times.append(time.perf_counter() - start)
   return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "repeats": repeats}
+
+
+def copy_bandwidth(nbytes: int = 1 << 32) -> dict:
+  """Device-to-device copy bandwidth in TB/s of bytes read + written: a jnp elementwise pass (x + 1)
+  always, and torch's copy where torch has CUDA (the nearer to what the device can stream)."""
+  out = {}
+  x = jnp.arange(nbytes // 4, dtype=jnp.uint32)  # 4 GiB by default: one pass is ~2 ms on an H200
+  seconds = time_fn(jax.jit(lambda a: a + 1), x, repeats=9)["median_s"]
+  out["jnp_elementwise_TBps"] = 2 * nbytes / seconds / 1e12
+  del x
+  try:
+    import torch
+    if torch.cuda.is_available():
+      # A quarter of the bytes: torch allocates outside JAX's preallocated pool, where little may be left.
+      out["torch_copy_TBps"] = 2 * (nbytes // 4) / _torch_copy_seconds(torch, nbytes // 4) / 1e12
+  except Exception as e:  # torch is optional: report why it is missing
+    out["torch_error"] = repr(e)[:200]
+  return out
+
+
+def _torch_copy_seconds(torch, nbytes: int) -> float:
+  src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+  dst = torch.empty_like(src)
+  for _ in range(3):
+    dst.copy_(src)
+  times = []
+  for _ in range(20):
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    dst.copy_(src)
+    b.record()
+    torch.cuda.synchronize()
+    times.append(a.elapsed_time(b) / 1e3)
+  del src, dst
+  torch.cuda.empty_cache()
+  return statistics.median(times)
+
+
+def best_copy_TBps(copy: dict) -> float:
+  """torch's copy when it was measured, else the jnp pass."""
+  return copy.get("torch_copy_TBps") or copy["jnp_elementwise_TBps"]
+
+
+def memory_stats() -> dict | None:
+  """The first device's allocator statistics (bytes_in_use, peak_bytes_in_use, bytes_limit); None on CPU."""
+  d = jax.devices()[0]
+  return d.memory_stats() if hasattr(d, "memory_stats") else None
 
 
 def provenance() -> dict:

@@ -5,7 +5,10 @@
            -> a jitted decode loop (`lax.while_loop`, stopping at EOS) over the cache
 
 Only visual tokens are quantized; the first token comes from the prefill and is
-not recomputed. Every method runs through this one path. A batch shares one
+not recomputed. Every method runs through this one path, in three stages that
+`generate` composes and benchmarks call apart: `prefill_requests` (the checks,
+vision tower and prefill), `plan_and_build` (one method's plan and cache
+from the prefill) and `decode_call` (the jitted loop). A batch shares one
 plan (majority vote) and is padded on the right; the prompt length is padded
 to a bucket and plans fall into shape buckets, so new requests of one video
 length rarely compile anything.
@@ -16,6 +19,7 @@ import dataclasses
 import functools
 import os
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,11 +77,68 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   videos, prompts = as_batch(video, prompt)
   videos, prompts, real = parallel.pad_requests(videos, prompts, parallel.data_size(mesh))
   spec, config = methods.resolve(method, config)
-  options = spec.cache_options(config)
   frames = load_frames(videos, num_frames)
+  prefilled = prefill_requests(model, frames, prompts, max_new_tokens=max_new_tokens, real=real, mesh=mesh)
+  built = plan_and_build(prefilled, spec, config, max_new_tokens=max_new_tokens)
+  timings = {"prefill_s": prefilled.prefill_s, "search_s": built.search_s, "quantize_s": built.quantize_s}
+  first_logits, next_positions = prefilled.first_logits, prefilled.next_positions
+  del prefilled  # the full-precision K/V: decode reads the cache alone
+
+  eos = _eos_ids(model)
+  start = time.perf_counter()
+  tokens, count, step_logits = decode_call(
+      model, built.cache, first_logits, next_positions, steps=max_new_tokens, eos_ids=eos, attention=attention,
+      mesh=mesh, seed=seed, temperature=temperature, top_p=top_p, return_logits=return_logits)()
+  tokens = np.asarray(tokens)[:real]
+  timings["decode_s"] = time.perf_counter() - start
+  count = int(count)
+  tokens = tokens[:, :count]
+  rows = [_until_eos(row, eos) for row in tokens]
+  timings["tokens_per_s"] = sum(len(r) for r in rows) / max(timings["decode_s"], 1e-9)
+  texts = [model.tokenizer.decode(r, skip_special_tokens=True) for r in rows]
+  single = not isinstance(prompt, (list, tuple))
+  return Generation(
+      text=texts[0] if single else texts, token_ids=rows[0] if single else rows,
+      bit_plan=built.plan, kv_cache_bytes=built.cache.nbytes, timings=timings,
+      logits=np.asarray(step_logits)[:real, :count] if return_logits else None, method=method,
+      window_scores=built.scores, fp16_cache_bytes=high_precision_bytes(built.cache))
+
+
+# ----------------------------------------------------------------------------- the three stages of generate
+
+
+@dataclasses.dataclass
+class Prefilled:
+  """A batch after its full-precision prefill: what every method plans and builds its cache from."""
+  keys: jax.Array  # [L, B, K, T, H] post-RoPE, head-major
+  values: jax.Array
+  first_logits: jax.Array  # [B, V] float32 at each request's last token
+  sensitivity: jax.Array  # [L, B] (Eq. 9)
+  embeds: jax.Array  # [B, T, D]: the window scores read the visual and prompt rows
+  attention_mask: jax.Array  # [B, T]
+  next_positions: jax.Array  # [B]: the RoPE position of the first generated token
+  visual_start: int
+  num_visual: int
+  seq_lens: list[int]
+  real: int  # requests that are not mesh padding (they alone vote on the plan)
+  prefill_s: float
+
+
+@dataclasses.dataclass
+class BuiltCache:
+  """One method's cache of a prefilled batch, and the plan it stores."""
+  cache: object  # KVCache, or the interleaved cache of ablation C
+  plan: np.ndarray  # int32 [L, W], original window order
+  scores: np.ndarray  # float32 [real, W] window similarities (Eq. 8)
+  search_s: float
+  quantize_s: float
+
+
+def prefill_requests(model: Model, frames: list[np.ndarray], prompts: list[str], *, max_new_tokens: int,
+                     real: int | None = None, mesh=None) -> Prefilled:
+  """Vision tower and full-precision prefill of a batch, after the context and memory checks."""
   if len({f.shape[0] for f in frames}) > 1:
     raise ValueError("a batch needs videos of the same number of frames: pass num_frames")
-
   from models.inputs import INPUT_BUILDERS
   tokenizer = model.tokenizer
   inputs = INPUT_BUILDERS[model.model_type](model.config, tokenizer, model.processor_config, frames, prompts)
@@ -88,58 +149,67 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   if mesh is not None:
     inputs = parallel.shard_inputs(inputs, mesh, len(prompts))
 
-  family, cfg = model.family, model.config
-  timings = {}
+  cfg = model.config
   start = time.perf_counter()
-  embedded = family.embed_inputs(model.params, cfg, inputs)
+  embedded = model.family.embed_inputs(model.params, cfg, inputs)
   if mesh is not None:  # the requests' embeddings, positions and masks split along 'data'
     embedded = parallel.shard_batch_axis(embedded, mesh, axes={"positions": embedded.positions.ndim - 2})
   pre = _prefill(model.params["decoder"], cfg.text, embedded.embeds, embedded.positions, embedded.attention_mask,
                  implementation=_prefill_attention(model))
-  first_logits = jax.block_until_ready(pre.logits)
-  timings["prefill_s"] = time.perf_counter() - start
-
-  start = time.perf_counter()
+  jax.block_until_ready(pre.logits)
+  prefill_s = time.perf_counter() - start
   visual_start, num_visual = visual_block(np.asarray(embedded.visual_mask), seq_lens)
-  scores, sensitivity = _search_inputs(embedded.embeds, embedded.attention_mask, pre.sensitivity,
-                                       visual_start=visual_start, num_visual=num_visual,
-                                       window_size=options.window_size)
+  return Prefilled(
+      keys=pre.keys, values=pre.values, first_logits=pre.logits, sensitivity=pre.sensitivity,
+      embeds=embedded.embeds, attention_mask=embedded.attention_mask,
+      next_positions=_next_positions(embedded.positions, embedded.attention_mask), visual_start=visual_start,
+      num_visual=num_visual, seq_lens=seq_lens.tolist(), real=len(prompts) if real is None else real,
+      prefill_s=prefill_s)
+
+
+def plan_and_build(prefilled: Prefilled, spec: methods.Method, config, *, max_new_tokens: int) -> BuiltCache:
+  """A method's plan (one for the batch) and its cache, built from the prefill's K/V."""
+  options = spec.cache_options(config)
+  p = prefilled
+  start = time.perf_counter()
+  scores, sensitivity = _search_inputs(p.embeds, p.attention_mask, p.sensitivity, visual_start=p.visual_start,
+                                       num_visual=p.num_visual, window_size=options.window_size)
   # Rows added to fill the mesh do not vote: the plan is the real requests' (scores [B, W], sensitivity [L, B]).
-  plan = spec.plan(config, methods.PlanInputs(np.asarray(scores)[:real], np.asarray(sensitivity)[:, :real].mean(1),
-                                              cfg.text.num_layers, visual_start, num_visual, seq_lens[:real].tolist()))
-  timings["search_s"] = time.perf_counter() - start
+  scores = np.asarray(scores)[:p.real]
+  plan = spec.plan(config, methods.PlanInputs(scores, np.asarray(sensitivity)[:, :p.real].mean(1),
+                                              p.keys.shape[0], p.visual_start, p.num_visual, p.seq_lens[:p.real]))
+  search_s = time.perf_counter() - start
 
   start = time.perf_counter()
-  cache = methods.build_method_cache(options, pre.keys, pre.values, plan, visual_start=visual_start,
-                                     num_visual=num_visual, seq_lens=seq_lens.tolist(),
-                                     max_new_tokens=max_new_tokens)
+  cache = methods.build_method_cache(options, p.keys, p.values, plan, visual_start=p.visual_start,
+                                     num_visual=p.num_visual, seq_lens=p.seq_lens, max_new_tokens=max_new_tokens)
   cache = jax.block_until_ready(cache)
-  timings["quantize_s"] = time.perf_counter() - start
-  kv_cache_bytes = cache.nbytes
-  fp16_bytes = high_precision_bytes(cache)
-  next_positions = _next_positions(embedded.positions, embedded.attention_mask)
-  del pre, embedded
+  return BuiltCache(cache, np.asarray(plan, np.int32), scores, search_s, time.perf_counter() - start)
 
-  eos = _eos_ids(model)
-  start = time.perf_counter()
-  tokens, count, step_logits = _decode_loop(
-      model.params["decoder"], cfg.text, cache, first_logits, next_positions, jnp.asarray(eos),
-      jax.random.PRNGKey(seed), jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p),
-      steps=max_new_tokens, implementation=_attention_for(attention, mesh), return_logits=return_logits,
-      greedy=temperature <= 0)
-  tokens = np.asarray(tokens)[:real]
-  timings["decode_s"] = time.perf_counter() - start
-  count = int(count)
-  tokens = tokens[:, :count]
-  rows = [_until_eos(row, eos) for row in tokens]
-  timings["tokens_per_s"] = sum(len(r) for r in rows) / max(timings["decode_s"], 1e-9)
-  texts = [tokenizer.decode(r, skip_special_tokens=True) for r in rows]
-  single = not isinstance(prompt, (list, tuple))
-  return Generation(
-      text=texts[0] if single else texts, token_ids=rows[0] if single else rows,
-      bit_plan=np.asarray(plan, np.int32), kv_cache_bytes=kv_cache_bytes, timings=timings,
-      logits=np.asarray(step_logits)[:real, :count] if return_logits else None, method=method,
-      window_scores=np.asarray(scores)[:real], fp16_cache_bytes=fp16_bytes)
+
+class DecodeCall(NamedTuple):
+  """One call of the jitted decode loop: its array arguments, and the static ones that pick its compilation."""
+  arrays: tuple
+  static: dict
+
+  def __call__(self):
+    """Tokens [B, steps] (the first from the prefill logits), how many were made, and their logits."""
+    return _decode_loop(*self.arrays, **self.static)
+
+  def compile(self):
+    """The compiled loop (ahead of time: `compiled(*self.arrays)` runs it)."""
+    return _decode_loop.lower(*self.arrays, **self.static).compile()
+
+
+def decode_call(model: Model, cache, first_logits, next_positions, *, steps: int, eos_ids, attention: str = "xla",
+                mesh=None, seed: int = 0, temperature: float = 0.0, top_p: float = 1.0,
+                return_logits: bool = False) -> DecodeCall:
+  """`steps` tokens a request from the cache, stopping early once every request has emitted one of `eos_ids`."""
+  arrays = (model.params["decoder"], cache, first_logits, next_positions, jnp.asarray(eos_ids),
+            jax.random.PRNGKey(seed), jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p))
+  static = {"cfg": model.config.text, "steps": steps, "implementation": _attention_for(attention, mesh),
+            "return_logits": return_logits, "greedy": temperature <= 0}
+  return DecodeCall(arrays, static)
 
 
 def high_precision_bytes(cache) -> int:
@@ -292,7 +362,7 @@ def _pick(logits, key, temperature, top_p, greedy: bool):
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "steps", "implementation", "return_logits", "greedy"))
-def _decode_loop(params, cfg, cache, first_logits, next_positions, eos_ids, key, temperature, top_p, *, steps,
+def _decode_loop(params, cache, first_logits, next_positions, eos_ids, key, temperature, top_p, *, cfg, steps,
                  implementation, return_logits, greedy):
   """Tokens [B, steps] (the first from the prefill logits), how many were made, and their logits."""
   b, v = first_logits.shape

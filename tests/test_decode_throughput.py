@@ -1,0 +1,73 @@
+"""`benchmarks.decode_throughput` end to end in its tiny mode: every method timed, rows that add up."""
+import json
+
+import jax
+import pytest
+
+from benchmarks import decode_throughput
+
+SETTINGS = ("3x12", "1x24")  # 3 and 6 windows of 32 visual tokens
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+  out = tmp_path_factory.mktemp("decode_throughput")
+  # 50 MB of "device memory" (a CPU reports none): capacity predicts and tries batches of tens.
+  decode_throughput.main(["--tiny", "--settings", *SETTINGS, "--capacity", "--sweeps", "--memory-gb", "0.05",
+                          "--out", str(out)])
+
+  def read(part):
+    return json.loads((out / f"decode_throughput_tiny{part}_{jax.default_backend()}.json").read_text())
+
+  return read(""), read("_capacity"), read("_sweeps"), out
+
+
+def test_every_method_is_timed_in_every_setting(results):
+  main, _, _, out = results
+  rows = {(r["setting"], r["method"]): r for r in main["rows"]}
+  assert set(rows) == {(s, m) for s in SETTINGS for m in decode_throughput.METHODS}
+  for r in rows.values():
+    assert r["ms_step"] > 0 and r["tok_s"] > 0 and r["floor_ms"] > 0 and r["compile_s"] > 0
+    assert r["tok_s"] == pytest.approx(1e3 * r["batch"] / r["ms_step"])
+    assert len(r["loop_times_s"]) == 2
+  assert (out / f"decode_throughput_tiny_{jax.default_backend()}.md").read_text().count("| 3x12 |") == 9
+  assert (out / f"decode_throughput_tiny_{jax.default_backend()}.png").stat().st_size > 0
+
+
+def test_bytes_follow_the_methods(results):
+  rows = {(r["setting"], r["method"]): r for r in results[0]["rows"]}
+  for s in SETTINGS:
+    fp16 = rows[s, "fp16"]
+    assert fp16["speedup_vs_fp16"] == 1.0 and fp16["byte_speedup"] == pytest.approx(1.0)
+    assert rows[s, "rtn2"]["cache_MB"] < rows[s, "rtn4"]["cache_MB"] < fp16["cache_MB"]
+    assert rows[s, "windowquant"]["cache_MB"] < fp16["cache_MB"]
+    assert rows[s, "windowquant"]["byte_speedup"] > 1
+    # Window 0 stays high in every layer (2 of them), except in ablation A.
+    assert int(rows[s, "windowquant"]["windows_16_4_2"].split("/")[0]) >= 2
+    n16, n4, n2 = (int(x) for x in rows[s, "fp16"]["windows_16_4_2"].split("/"))
+    assert n4 == n2 == 0 and n16 == 2 * ((int(s.split("x")[1]) * 9 + 1) // 32)
+    # The floor counts the same weights in every row and the cache on top.
+    assert {r["weights_MB"] for r in rows.values()} == {fp16["weights_MB"]}
+    assert rows[s, "rtn2"]["floor_ms"] < fp16["floor_ms"]
+
+
+def test_capacity_is_predicted_and_tried(results):
+  rows = {r["method"]: r for r in results[1]["rows"]}
+  assert set(rows) == set(decode_throughput.METHODS)
+  for method in ("fp16", "windowquant"):
+    assert rows[method]["verified"].startswith("ok"), rows[method]["verified"]
+    assert rows[method]["verified_batch"] == rows[method]["max_batch"] > 1
+  assert rows["windowquant"]["cache_MB_per_request"] < rows["fp16"]["cache_MB_per_request"]
+  assert rows["fp16"]["max_frames_context"] > 24
+
+
+def test_sweeps_cover_alpha_and_window_size(results):
+  rows = results[2]["rows"]
+  assert sorted(r["alpha"] for r in rows if r["sweep"] == "alpha") == list(decode_throughput.ALPHAS)
+  assert sorted(r["window_size"] for r in rows if r["sweep"] == "window") == [8, 16, 64, 128]
+  for r in rows:
+    windows = [int(x) for x in r["windows_16_4_2"].split("/")]
+    tokens = [int(x) for x in r["tokens_16_4_2"].split("/")]
+    assert tokens == [w * r["window_size"] for w in windows]
+    assert sum(windows) == 2 * ((24 * 9 + 1) // r["window_size"])
+    assert r["ms_step"] > 0
