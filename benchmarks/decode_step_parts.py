@@ -10,7 +10,7 @@ Random-weight LLaVA-OneVision-Qwen2-7B decoder (bf16), an fp16 cache of
     no_attention  attention replaced by q (no cache read; the projections stay)
     no_lm_head    the final norm and vocabulary projection left out
     layers_only   the 28 layers' matrix-vector products alone (as benchmarks.layer_loop)
-    loop_of_8     8 steps inside generation._decode_loop (while loop), per step
+    loop_of_8     8 steps of generate's decode loop (generation.decode_call), per step
 
 Differences between rows place the time; the floor is the weight (+ cache)
 bytes over the copy bandwidth measured in the same run.
@@ -36,6 +36,7 @@ def main():
   ap.add_argument("--batch", type=int, default=1)
   ap.add_argument("--tokens", type=int, default=1024)
   ap.add_argument("--preset", default="llava-onevision-qwen2-7b-ov")
+  ap.add_argument("--only", nargs="+", help="variants to run (default: all)")
   args = ap.parse_args()
   copy = best_copy_TBps(copy_bandwidth()) if jax.default_backend() == "gpu" else float("nan")
   with tempfile.TemporaryDirectory() as tmp:
@@ -54,8 +55,10 @@ def main():
   weight_bytes = sum(x.nbytes for x in jax.tree.leaves(params) if x.ndim >= 2) - params["embed"].nbytes
   rows = []
 
-  def record(name, fn, *a, per=1, extra_bytes=0):
-    s = time_fn(jax.jit(fn), *a, repeats=10)["median_s"] / per
+  def record(name, fn, *a, per=1, extra_bytes=0, jit=True):
+    if args.only and name not in args.only:
+      return
+    s = time_fn(jax.jit(fn) if jit else fn, *a, repeats=10)["median_s"] / per
     floor = (weight_bytes + extra_bytes) / (copy * 1e12)
     rows.append(dict(variant=name, batch=b, tokens=t, step_ms=s * 1e3, floor_ms=floor * 1e3,
                      over_floor=s / floor))
@@ -88,10 +91,8 @@ def main():
     return jax.lax.scan(body, h, p["layers"], unroll=True)[0]
   record("layers_only", layers_only, params)
   logits = jnp.zeros((b, cfg.vocab_size), jnp.float32)
-  loop = lambda p, c: generation._decode_loop(p, c, logits, pos, jnp.asarray([-1]), jax.random.PRNGKey(0),
-                                              jnp.float32(1e-6), jnp.float32(1.0), cfg=cfg, steps=9,
-                                              implementation="xla", return_logits=False, greedy=True)[0]
-  record("loop_of_8", loop, params, cache, per=8, extra_bytes=cache.nbytes)
+  loop = generation.decode_call(model, cache, logits, pos, steps=9, eos_ids=[-1])
+  record("loop_of_8", lambda: loop()[0], per=8, extra_bytes=cache.nbytes, jit=False)
   write_results(f"decode_step_parts_b{b}_t{t}", rows, ["variant", "batch", "tokens", "step_ms", "floor_ms", "over_floor"],
                 "Where a 7B decode step's time goes (random weights, fp16 cache)",
                 notes=f"copy bandwidth {copy:.2f} TB/s (same run); floor: decoder weight bytes (no embedding table)"

@@ -187,18 +187,102 @@ def plan_and_build(prefilled: Prefilled, spec: methods.Method, config, *, max_ne
   return BuiltCache(cache, np.asarray(plan, np.int32), scores, search_s, time.perf_counter() - start)
 
 
+@functools.partial(jax.jit, static_argnames=("greedy",))
+def _first_token(first_logits, eos_ids, key, temperature, top_p, *, greedy):
+  """The first generated token (from the prefill's logits), whether it ends each request, the next key."""
+  key, sub = jax.random.split(key)
+  first = _pick(first_logits, sub, temperature, top_p, greedy)
+  return first, jnp.isin(first, eos_ids), key
+
+
+def _step(params, cache, rest, prev, i, done, key, eos_ids, next_positions, temperature, top_p, *, cfg,
+          implementation, greedy):
+  """Token i of every request from token i - 1: (new rest segment, token, done, key, logits).
+
+  Only the rest segment (where the token's K/V go) is an output: the pools are
+  read-only, so they are neither copied nor donated.
+  """
+  rest_k, rest_v, rest_len = rest
+  cache = cache.replace(rest_k=rest_k, rest_v=rest_v, rest_len=rest_len)
+  pos = next_positions + i - 1
+  if cfg.mrope_section is not None:
+    pos = jnp.broadcast_to(pos, (3, prev.shape[0]))
+  logits, cache = qwen2.decode_step(params, cfg, prev, pos, cache, implementation=implementation)
+  key, sub = jax.random.split(key)
+  nxt = jnp.where(done, prev, _pick(logits, sub, temperature, top_p, greedy))
+  return (cache.rest_k, cache.rest_v, cache.rest_len), nxt, done | jnp.isin(nxt, eos_ids), key, logits
+
+
+# One jitted step a token, called from Python: inside a `lax.while_loop` the same step took 4.8 ms
+# longer on an H200 (7B, batch 1; benchmarks/results/decode_step_parts_b1_t64_gpu.md), and the
+# loop's state copied the whole cache. The rest segment is donated from step to step.
+_jitted_step = jax.jit(_step, static_argnames=("cfg", "implementation", "greedy"), donate_argnums=(2,))
+_EOS_CHECK_EVERY = 8  # steps dispatched between host checks for "every request has ended"
+
+
+class DecodeLoop:
+  """The decode loop over compiled steps: `loop(*arrays)` -> (tokens [B, steps], count, logits)."""
+
+  def __init__(self, static: dict, step=None):
+    self.static = static
+    self._step = step or functools.partial(_jitted_step, cfg=static["cfg"],
+                                           implementation=static["implementation"], greedy=static["greedy"])
+
+  def __call__(self, params, cache, first_logits, next_positions, eos_ids, key, temperature, top_p):
+    steps, return_logits = self.static["steps"], self.static["return_logits"]
+    first, done, key = _first_token(first_logits, eos_ids, key, temperature, top_p, greedy=self.static["greedy"])
+    rest = jax.tree.map(jnp.copy, (cache.rest_k, cache.rest_v, cache.rest_len))  # the caller's stays intact
+    tokens, dones, logits = [first], [done], [first_logits]
+    count = steps
+    for i in range(1, steps):
+      if (i - 1) % _EOS_CHECK_EVERY == 0 and self._ended(dones):
+        break
+      rest, nxt, done, key, step_logits = self._step(params, cache, rest, tokens[-1], jnp.int32(i), done, key,
+                                                     eos_ids, next_positions, temperature, top_p)
+      tokens.append(nxt)
+      dones.append(done)
+      if return_logits:
+        logits.append(step_logits)
+    ended = np.asarray(jnp.stack([jnp.all(d) for d in dones]))
+    if ended.any():  # the loop stops after the first token that ends the last request
+      count = int(np.argmax(ended)) + 1
+    b, v = first_logits.shape
+    token_array = jnp.zeros((b, steps), jnp.int32).at[:, :count].set(jnp.stack(tokens[:count], axis=1))
+    if return_logits:
+      logit_array = jnp.zeros((b, steps, v), jnp.float32).at[:, :count].set(jnp.stack(logits[:count], axis=1))
+    else:
+      logit_array = jnp.zeros((b, 1, v), jnp.float32)
+    return token_array, jnp.int32(count), logit_array
+
+  @staticmethod
+  def _ended(dones) -> bool:
+    return bool(jnp.all(dones[-1]))
+
+  def memory_analysis(self):
+    return getattr(self._step, "memory_analysis", lambda: None)()
+
+
 class DecodeCall(NamedTuple):
-  """One call of the jitted decode loop: its array arguments, and the static ones that pick its compilation."""
+  """One call of the decode loop: its array arguments, and the static ones that pick its compilation."""
   arrays: tuple
   static: dict
 
   def __call__(self):
     """Tokens [B, steps] (the first from the prefill logits), how many were made, and their logits."""
-    return _decode_loop(*self.arrays, **self.static)
+    return DecodeLoop(self.static)(*self.arrays)
 
   def compile(self):
-    """The compiled loop (ahead of time: `compiled(*self.arrays)` runs it)."""
-    return _decode_loop.lower(*self.arrays, **self.static).compile()
+    """The loop over a step compiled ahead of time (`loop(*self.arrays)` runs it); arrays may be abstract."""
+    params, cache, first_logits, next_positions, eos_ids, key, temperature, top_p = self.arrays
+    b = first_logits.shape[0]
+    shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
+    args = (params, cache, (cache.rest_k, cache.rest_v, cache.rest_len), jax.ShapeDtypeStruct((b,), jnp.int32),
+            jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.bool_), key, eos_ids,
+            next_positions, temperature, top_p)
+    args = jax.tree.map(shape, args)
+    compiled = _jitted_step.lower(*args, cfg=self.static["cfg"], implementation=self.static["implementation"],
+                                  greedy=self.static["greedy"]).compile()
+    return DecodeLoop(self.static, step=compiled)
 
 
 def decode_call(model: Model, cache, first_logits, next_positions, *, steps: int, eos_ids, attention: str = "xla",
@@ -361,36 +445,3 @@ def _pick(logits, key, temperature, top_p, greedy: bool):
   return jnp.take_along_axis(order, choice[:, None], axis=-1)[:, 0].astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("cfg", "steps", "implementation", "return_logits", "greedy"))
-def _decode_loop(params, cache, first_logits, next_positions, eos_ids, key, temperature, top_p, *, cfg, steps,
-                 implementation, return_logits, greedy):
-  """Tokens [B, steps] (the first from the prefill logits), how many were made, and their logits."""
-  b, v = first_logits.shape
-  key, sub = jax.random.split(key)
-  first = _pick(first_logits, sub, temperature, top_p, greedy)
-  tokens = jnp.zeros((b, steps), jnp.int32).at[:, 0].set(first)
-  logits_buf = jnp.zeros((b, steps if return_logits else 1, v), jnp.float32)
-  if return_logits:
-    logits_buf = logits_buf.at[:, 0].set(first_logits)
-  done = jnp.isin(first, eos_ids)
-  mrope = cfg.mrope_section is not None
-
-  def cond(state):
-    i, _, _, done, _, _ = state
-    return (i < steps) & ~jnp.all(done)
-
-  def body(state):
-    i, cache, tokens, done, key, logits_buf = state
-    pos = next_positions + i - 1
-    if mrope:
-      pos = jnp.broadcast_to(pos, (3, b))
-    logits, cache = qwen2.decode_step(params, cfg, tokens[:, i - 1], pos, cache, implementation=implementation)
-    key, sub = jax.random.split(key)
-    nxt = jnp.where(done, tokens[:, i - 1], _pick(logits, sub, temperature, top_p, greedy))
-    if return_logits:
-      logits_buf = logits_buf.at[:, i].set(logits)
-    return i + 1, cache, tokens.at[:, i].set(nxt), done | jnp.isin(nxt, eos_ids), key, logits_buf
-
-  count, _, tokens, _, _, logits_buf = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), cache, tokens, done, key, logits_buf))
-  return tokens, count, logits_buf
