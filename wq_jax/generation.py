@@ -2,13 +2,13 @@
 
     frames -> vision tower -> full-precision prefill (first token, K/V, layer sensitivities)
            -> window search -> one jitted reorder + quantize of the visual K/V
-           -> a jitted decode loop (`lax.while_loop`, stopping at EOS) over the cache
+           -> a decode loop over the cache: one jitted step a token, stopping at EOS
 
 Only visual tokens are quantized; the first token comes from the prefill and is
 not recomputed. Every method runs through this one path, in three stages that
 `generate` composes and benchmarks call apart: `prefill_requests` (the checks,
 vision tower and prefill), `plan_and_build` (one method's plan and cache
-from the prefill) and `decode_call` (the jitted loop). A batch shares one
+from the prefill) and `decode_call` (the decode loop). A batch shares one
 plan (majority vote) and is padded on the right; the prompt length is padded
 to a bucket and plans fall into shape buckets, so new requests of one video
 length rarely compile anything.
