@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.harness import copy_bandwidth
+from benchmarks.harness import best_copy_TBps, copy_bandwidth
 from pallas_kernels import quantized_decode as qd
 from pallas_kernels import registration
 from wq_jax import attention, cache
@@ -247,7 +247,7 @@ PRIORITY = [(8, 32768), (1, 1024), (60, 32768), (1, 32768), (8, 131072), (8, 102
 
 
 def markdown(report) -> str:
-  copy = report["copy"].get("torch_copy_TBps") or report["copy"]["jnp_elementwise_TBps"]
+  copy = best_copy_TBps(report["copy"])
   lines = [f"# Decode attention, one layer, {HEADS} q heads / {KV_HEADS} KV heads / head dim {HEAD_DIM}, bf16",
            "", f"- command: `{report['command']}`", f"- date: {report['date']}", f"- device: {report['device']}",
            f"- jax {report['jax']}; kernel: Pallas Triton lowering (`implementation=\"pallas\"`)",

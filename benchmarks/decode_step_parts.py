@@ -94,7 +94,7 @@ def main():
   loop = generation.decode_call(model, cache, logits, pos, steps=9, eos_ids=[-1])
   record("loop_of_8", lambda: loop()[0], per=8, extra_bytes=cache.nbytes, jit=False)
   write_results(f"decode_step_parts_b{b}_t{t}", rows, ["variant", "batch", "tokens", "step_ms", "floor_ms", "over_floor"],
-                "Where a 7B decode step's time goes (random weights, fp16 cache)",
+                f"Where a decode step's time goes: random-weight {args.preset}, fp16 cache",
                 notes=f"copy bandwidth {copy:.2f} TB/s (same run); floor: decoder weight bytes (no embedding table)"
                       " + cache bytes where the variant reads the cache")
 

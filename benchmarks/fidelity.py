@@ -23,7 +23,6 @@ import functools
 import tempfile
 import time
 from pathlib import Path
-from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -33,7 +32,6 @@ from benchmarks.harness import write_results
 from models import qwen2
 from wq_jax import generation, methods
 from wq_jax.api import Model, as_batch, load_frames
-from wq_jax.buckets import round_up
 
 METHODS = ("fp16", "rtn4", "rtn2", "kivi4", "kivi2", "windowquant")
 TINY_PROMPT = "What is happening in this video?"
@@ -50,50 +48,6 @@ NOTES = (
     "quality; the JSON holds every step's KL.")
 COLUMNS = ["model", "method", "steps", "kl_mean", "kl_median", "kl_max", "agreement", "first_disagreement",
            "free_agreement", "cache_MB", "fp16_cache_MB", "cache_ratio", "windows_16_4_2", "ref_entropy", "log_V"]
-
-
-class Prefilled(NamedTuple):
-  """What every method's cache and decode start from: one full-precision prefill of one request."""
-  pre: qwen2.PrefillOutput
-  embeds: jax.Array  # [1, T, D], for the window scores
-  attention_mask: jax.Array
-  first_token: jax.Array  # [1]: the prefill's greedy token, the same for every method
-  next_positions: jax.Array  # [1]
-  visual_start: int
-  num_visual: int
-  seq_lens: list[int]
-
-
-def prefill_request(model: Model, frames, prompt: str) -> Prefilled:
-  """`generate`'s path up to the cache: inputs, padding, embeddings, the prefill."""
-  from models.inputs import INPUT_BUILDERS
-  videos, prompts = as_batch(frames, prompt)
-  inputs = INPUT_BUILDERS[model.model_type](model.config, model.tokenizer, model.processor_config,
-                                            load_frames(videos, None), prompts)
-  seq_lens = inputs["attention_mask"].sum(axis=1).astype(int)
-  length = round_up(inputs["input_ids"].shape[1], generation.SEQ_ALIGN)
-  inputs = generation.pad_sequence(inputs, length, generation._pad_id(model.tokenizer))
-  e = model.family.embed_inputs(model.params, model.config, inputs)
-  pre = generation._prefill(model.params["decoder"], model.config.text, e.embeds, e.positions, e.attention_mask,
-                            implementation=generation._prefill_attention(model))
-  visual_start, num_visual = generation.visual_block(np.asarray(e.visual_mask), seq_lens)
-  return Prefilled(pre, e.embeds, e.attention_mask, jnp.argmax(pre.logits, axis=-1).astype(jnp.int32),
-                   generation._next_positions(e.positions, e.attention_mask), visual_start, num_visual,
-                   seq_lens.tolist())
-
-
-def method_cache(p: Prefilled, name: str, num_layers: int, steps: int):
-  """The method's bit plan int32[L, W] and its cache, built as `generate` builds them."""
-  spec, config = methods.resolve(name)
-  options = spec.cache_options(config)
-  scores, sensitivity = generation._search_inputs(p.embeds, p.attention_mask, p.pre.sensitivity,
-                                                  visual_start=p.visual_start, num_visual=p.num_visual,
-                                                  window_size=options.window_size)
-  plan = spec.plan(config, methods.PlanInputs(np.asarray(scores), np.asarray(sensitivity).mean(1), num_layers,
-                                              p.visual_start, p.num_visual, p.seq_lens))
-  cache = methods.build_method_cache(options, p.pre.keys, p.pre.values, plan, visual_start=p.visual_start,
-                                     num_visual=p.num_visual, seq_lens=p.seq_lens, max_new_tokens=steps)
-  return np.asarray(plan, np.int32), cache
 
 
 @functools.partial(jax.jit, static_argnames=("cfg", "implementation"))
@@ -142,17 +96,20 @@ def fidelity(model: Model, frames, prompt: str, *, steps: int, method_names=METH
     raise ValueError("the first method is the reference and must be fp16")
   cfg = model.config.text
   params = model.params["decoder"]
-  p = prefill_request(model, frames, prompt)
-  free_inputs = jnp.broadcast_to(p.first_token[:, None], (1, steps))  # only column 0 is read
+  videos, prompts = as_batch(frames, prompt)
+  p = generation.prefill_requests(model, load_frames(videos, None), prompts, max_new_tokens=steps)
+  first_token = jnp.argmax(p.first_logits, axis=-1).astype(jnp.int32)  # the same for every method
+  free_inputs = jnp.broadcast_to(first_token[:, None], (1, steps))  # only column 0 is read
   rows, ref = [], None
   for name in method_names:
     start = time.perf_counter()
-    plan, cache = method_cache(p, name, cfg.num_layers, steps)
+    built = generation.plan_and_build(p, *methods.resolve(name), max_new_tokens=steps)
+    plan, cache = built.plan, built.cache
     run = functools.partial(decode, params, cfg, cache, next_positions=p.next_positions, implementation=attention)
     free_logits, free_picks = run(free_inputs, force=jnp.bool_(False))
     if ref is None:  # fp16: its free run is the reference; step j reads the token step j-1 picked
       ref = {"tokens": np.asarray(free_picks)[0], "logits": np.asarray(free_logits)[0]}
-      forced_inputs = jnp.concatenate([p.first_token[:, None], free_picks[:, :-1]], axis=1)
+      forced_inputs = jnp.concatenate([first_token[:, None], free_picks[:, :-1]], axis=1)
     logits, _ = run(forced_inputs, force=jnp.bool_(True))
     kl, agree, entropy = (np.asarray(x)[0] for x in compare(jnp.asarray(ref["logits"])[None], logits))
     miss = np.nonzero(~agree)[0]

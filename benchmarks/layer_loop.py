@@ -22,7 +22,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from benchmarks.harness import copy_bandwidth, time_fn, write_results
+from benchmarks.harness import best_copy_TBps, copy_bandwidth, time_fn, write_results
 
 LAYERS, D, QKV, F = 28, 3584, 3584 + 2 * 512, 18944
 
@@ -65,7 +65,7 @@ def main():
   ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
   ap.add_argument("--copy-TBps", type=float, default=None, help="copy bandwidth for the floor (default: measured)")
   args = ap.parse_args()
-  copy = args.copy_TBps or (copy_bandwidth().get("torch_copy_TBps") if jax.default_backend() == "gpu" else None)
+  copy = args.copy_TBps or (best_copy_TBps(copy_bandwidth()) if jax.default_backend() == "gpu" else None)
   rows = []
   for variant in ("scan", "unroll", "list"):
     w = weights(jax.random.PRNGKey(0), stacked=variant != "list")

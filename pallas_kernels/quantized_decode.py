@@ -195,6 +195,7 @@ def _token_meta(s_ref, m_ref, rows, size, width, part, group):
   """Per-token scale and minimum of C-channel groups (KIVI values) for one part, as [T, width] halves."""
   n = max(1, width // group)  # groups in a part
   cols = pl.ds(part * width // group, n)  # the part's groups, or the one group holding the part
+
   def per_channel(x):
     return jnp.broadcast_to(x.astype(jnp.float16)[:, :, None], (size, n, width // n)).reshape(size, width)
 
@@ -209,7 +210,7 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
   packing, and each part meets its block of q's columns (keys) or of the
   output (values) in its own tensor-core dot.
   """
-  k_ref, ks_ref, kz_ref, v_ref, vs_ref, vz_ref = refs
+  k_ref, ks_ref, km_ref, v_ref, vs_ref, vm_ref = refs
   parts = 8 // seg.bits
   width = k_ref.shape[1]  # H / P
   tile = seg.block
@@ -225,16 +226,16 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
     win = first + lax.broadcasted_iota(jnp.int32, (1, size), 1) // window
     rows = pl.ds(bk * tokens + first * window, size)
     meta = bk * pool_windows + first
-    k_meta = [_window_meta(ks_ref, kz_ref, meta, tile, width, k, window) for k in range(parts)]
-    keys = dequantize(k_ref[rows, :], [s for s, _ in k_meta], [z for _, z in k_meta])
+    k_meta = [_window_meta(ks_ref, km_ref, meta, tile, width, k, window) for k in range(parts)]
+    keys = dequantize(k_ref[rows, :], [s for s, _ in k_meta], [mn for _, mn in k_meta])
     s = sum(_dot_t(qk, kk) for qk, kk in zip(q_parts, keys))
     s = jnp.where((win >= start) & (win < offset + count), s, -jnp.inf)
     m, l, corr, p = _online_softmax(m, l, s)
     if seg.value_group:
-      v_meta = [_token_meta(vs_ref, vz_ref, rows, size, width, k, seg.value_group) for k in range(parts)]
+      v_meta = [_token_meta(vs_ref, vm_ref, rows, size, width, k, seg.value_group) for k in range(parts)]
     else:
-      v_meta = [_window_meta(vs_ref, vz_ref, meta, tile, width, k, window) for k in range(parts)]
-    values = dequantize(v_ref[rows, :], [s for s, _ in v_meta], [z for _, z in v_meta])
+      v_meta = [_window_meta(vs_ref, vm_ref, meta, tile, width, k, window) for k in range(parts)]
+    values = dequantize(v_ref[rows, :], [s for s, _ in v_meta], [mn for _, mn in v_meta])
     p = p.astype(jnp.float16)
     return m, l, tuple(a * corr[:, None] + _dot(p, v) for a, v in zip(accs, values))
 

@@ -214,7 +214,7 @@ def _step(params, cache, rest, prev, i, done, key, eos_ids, next_positions, temp
 
 
 # One jitted step a token, called from Python: inside a `lax.while_loop` the same step took 4.8 ms
-# longer on an H200 (7B, batch 1; benchmarks/results/decode_step_parts_b1_t64_gpu.md), and the
+# longer on an H200 (7B, batch 1; benchmarks/results/decode_step_parts_b1_t64_whileloop_gpu.md), and the
 # loop's state copied the whole cache. The rest segment is donated from step to step.
 _jitted_step = jax.jit(_step, static_argnames=("cfg", "implementation", "greedy"), donate_argnums=(2,))
 _EOS_CHECK_EVERY = 8  # steps dispatched between host checks for "every request has ended"
@@ -243,7 +243,7 @@ class DecodeLoop:
       dones.append(done)
       if return_logits:
         logits.append(step_logits)
-    ended = np.asarray(jnp.stack([jnp.all(d) for d in dones]))
+    ended = np.asarray(jnp.all(jnp.stack(dones), axis=1))
     if ended.any():  # the loop stops after the first token that ends the last request
       count = int(np.argmax(ended)) + 1
     b, v = first_logits.shape
