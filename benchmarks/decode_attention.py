@@ -161,7 +161,8 @@ def measure(batch, tokens, plan, *, key, config=None, with_xla=True):
                                                 c0), nbytes, inner)[1:]
   qs = queries(jax.random.fold_in(key, 1), batch, inner)
   row = dict(batch=batch, tokens=tokens, plan=plan, bytes=nbytes, inner=inner, copies=len(caches),
-             windows=list(window_counts(tokens, plan)), config=dataclasses.asdict(config or qd.DecodeConfig()))
+             windows=list(window_counts(tokens, plan)), config=dataclasses.asdict(config or qd.DecodeConfig()),
+             splits=qd.num_splits(batch, KV_HEADS, tokens, config or qd.DecodeConfig()))
   t, comp, finite, out = bench(pallas_fn(config), [(c,) for c in caches], qs)
   row.update(pallas_s=t, pallas_compile_s=comp, pallas_finite=finite, pallas_TBps=nbytes / t / 1e12)
   # Dequantized f32 copies of every pool: skip where they would not fit comfortably.
@@ -227,16 +228,16 @@ def correctness_checks():
   return rows
 
 
-VARIANTS = {  # t: quantized windows a step, w: warps a program, s: pipeline stages
-    "t4w8": qd.DecodeConfig(tile_windows=4, num_warps=8),
-    "t2w4": qd.DecodeConfig(tile_windows=2, num_warps=4),
+VARIANTS = {  # t: quantized windows a step, w: warps a program, s: pipeline stages; p: resident programs an SM
+    "v3_run3": qd.DecodeConfig(programs_per_multiprocessor=4, round_to_waves=False),  # run 3's grid: 4 a SM
     "t2w8": qd.DecodeConfig(tile_windows=2, num_warps=8),
-    "t8w8": qd.DecodeConfig(tile_windows=8, num_warps=8),
-    "t4w4": qd.DecodeConfig(tile_windows=4, num_warps=4),
-    "t2w4s2": qd.DecodeConfig(tile_windows=2, num_warps=4, num_stages=2),
-    "t4w8s2": qd.DecodeConfig(tile_windows=4, num_warps=8, num_stages=2),
-    "t2w4_jnp": qd.DecodeConfig(tile_windows=2, num_warps=4, inline_asm=False),
-    "t4w8_jnp": qd.DecodeConfig(tile_windows=4, num_warps=8, inline_asm=False),
+    "t2w8f": qd.DecodeConfig(tile_windows=2, num_warps=8, factored=True),
+    "t1w8": qd.DecodeConfig(tile_windows=1, num_warps=8),
+    "t4w8": qd.DecodeConfig(tile_windows=4, num_warps=8),
+    "t2w4": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3),
+    "t2w4f": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, factored=True),
+    "t4w4": qd.DecodeConfig(tile_windows=4, num_warps=4, programs_per_multiprocessor=2),
+    "t2w4_jnp": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, inline_asm=False),
 }
 # (batch, tokens) in the order a time-limited run measures them: the bars' configurations first.
 PRIORITY = [(8, 32768), (1, 1024), (60, 32768), (1, 32768), (8, 131072), (8, 1024), (60, 1024), (8, 8192),
@@ -272,9 +273,11 @@ def markdown(report) -> str:
   if report.get("variants"):
     name = report.get("sweep_config", {}).get("name")
     lines += ["", f"## Tuning variants (batch 8, 32k tokens; the sweep above used the fastest: {name})", "",
-              "| variant | plan | pallas µs | TB/s | compile s |", "| --- | --- | ---: | ---: | ---: |"]
+              "| variant | plan | splits | pallas µs | TB/s | err vs xla | compile s |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in report["variants"].items():
-      lines.append(f"| {name} | {r['plan']} | {r['pallas_s'] * 1e6:.1f} | {r['pallas_TBps']:.2f} | "
+      lines.append(f"| {name} | {r['plan']} | {r.get('splits', '-')} | {r['pallas_s'] * 1e6:.1f} | "
+                   f"{r['pallas_TBps']:.2f} | {r.get('pallas_vs_xla_rel_err', float('nan')):.1e} | "
                    f"{r['pallas_compile_s']:.1f} |")
   return "\n".join(lines) + "\n"
 
@@ -342,9 +345,10 @@ def main(argv=None):
   for name in filter(None, args.variants.split(",")):
     config = VARIANTS[name]
     try:
-      r = report["variants"][name] = measure(8, 32768, "mix", key=key, config=config, with_xla=False)
+      r = report["variants"][name] = measure(8, 32768, "mix", key=key, config=config)
       print(f"variant {name}: {r['pallas_s'] * 1e6:.1f} us {r['pallas_TBps']:.2f} TB/s "
-            f"(compile {r['pallas_compile_s']:.1f} s)", flush=True)
+            f"(compile {r['pallas_compile_s']:.1f} s, err vs xla {r.get('pallas_vs_xla_rel_err', float('nan')):.1e})",
+            flush=True)
       if best is None or r["pallas_s"] < report["variants"][best]["pallas_s"]:
         best = name
     except Exception as e:
@@ -355,8 +359,9 @@ def main(argv=None):
   config = VARIANTS[best] if best else None
   report["sweep_config"] = dict(name=best or "default", **dataclasses.asdict(config or qd.DecodeConfig()))
   if best:
-    r = report["variants"][best + "+kivi2"] = measure(8, 32768, "kivi2", key=key, config=config, with_xla=False)
-    print(f"variant {best} on the KIVI layout (all INT2): {r['pallas_s'] * 1e6:.1f} us", flush=True)
+    for plan in ("int2", "kivi2"):
+      r = report["variants"][f"{best}+{plan}"] = measure(8, 32768, plan, key=key, config=config, with_xla=False)
+      print(f"variant {best} on plan {plan}: {r['pallas_s'] * 1e6:.1f} us", flush=True)
   if not args.no_sweep:
     cudnn = {}
     wanted = [(b, t) for t in map(int, args.tokens.split(",")) for b in map(int, args.batches.split(","))]

@@ -76,11 +76,15 @@ class DecodeConfig:
   """Tiling knobs; the defaults were chosen on an H200 (benchmarks/decode_attention.py)."""
   tile_windows: int = 2  # quantized windows a loop step reads
   dense_tokens: int = 64  # high-precision and rest tokens a loop step reads
-  target_programs: int = 528  # grid size to aim for (4 per multiprocessor on an H200)
+  programs_per_multiprocessor: int = 1  # resident at once: 8 warps of ~134 registers leave room for one
+  multiprocessors: int | None = None  # None: the device's count (132 on an H200)
+  round_to_waves: bool = True  # pick the split count by whole waves of programs (else: fill one wave)
+  program_tokens: int = 256  # a program's fixed cost, in keys streamed (for the split count)
   min_tokens_per_split: int = 128
   num_warps: int = 8
   num_stages: int = 3
-  inline_asm: bool = True  # dequantize with f16x2 PTX (GPU); plain jnp ops otherwise (and in interpret mode)
+  inline_asm: bool = True  # unpack codes with f16x2 PTX (GPU); plain jnp ops otherwise (and in interpret mode)
+  factored: bool = False  # scales folded into q (keys) and applied to P.V sums (values); else dequantize each code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -181,6 +185,33 @@ def _dequantize(codes, scales, minimums, *, bits: int, inline_asm: bool):
   return out
 
 
+def _raw_asm(bits: int, part: int) -> str:
+  """PTX: 4 bytes of codes -> the 4 halves 1 + c / 2^bits of one part (two f16x2 registers, in order).
+
+  The byte permute puts bytes (0, 1), then (2, 3), in the low bytes of two
+  halves; a left shift lifts the part's code to the top `bits` of the
+  mantissa and one lop3 keeps it and ORs in 1.0. Two instructions a pair of
+  codes, no arithmetic. Operands: $0 $1 out, $2 codes.
+  """
+  keep = ((1 << bits) - 1) << (10 - bits)
+  lines = ["{", ".reg .b32 t;"]
+  for half, select in enumerate(("0x3120", "0x1302")):
+    lines += [f"prmt.b32 t, $2, $2, {select};",
+              f"shl.b32 t, t, {10 - bits - part * bits};",
+              f"lop3.b32 ${half}, t, {keep | keep << 16:#010x}, 0x3c003c00, 0xea;"]  # (a & b) | c
+  return "\n".join(lines + ["}"])
+
+
+def _raw_codes(codes, *, bits: int, part: int, inline_asm: bool):
+  """Codes [T, H/P] uint8 -> part `part` as exact halves 1 + c / 2^bits [T, H/P]."""
+  if inline_asm:
+    return plgpu.elementwise_inline_asm(
+        _raw_asm(bits, part), args=[codes], constraints="=r,=r,r", pack=4,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(codes.shape, jnp.float16)])[0]
+  c = (codes >> jnp.uint8(part * bits)) & jnp.uint8((1 << bits) - 1)
+  return c.astype(jnp.float16) * jnp.float16(1.0 / (1 << bits)) + jnp.float16(1.0)
+
+
 def _window_meta(s_ref, m_ref, first, tile, width, part, window):
   """Scale and minimum of `tile` windows for one part's channels, as half tiles [tile * S, width]."""
   rows, cols = pl.ds(first, tile), pl.ds(part * width, width)
@@ -218,6 +249,7 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
   pool_windows = tokens // window
   lo, hi = _split_range(pl.cdiv(count, tile), split, num_splits)
   dequantize = functools.partial(_dequantize, bits=seg.bits, inline_asm=inline_asm)
+  q_parts = [qk.astype(jnp.float16) for qk in q_parts]
 
   def step(i, carry):
     m, l, accs = carry
@@ -238,6 +270,70 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
     values = dequantize(v_ref[rows, :], [s for s, _ in v_meta], [mn for _, mn in v_meta])
     p = p.astype(jnp.float16)
     return m, l, tuple(a * corr[:, None] + _dot(p, v) for a, v in zip(accs, values))
+
+  return lax.fori_loop(lo, hi, step, _fresh(q_parts[0].shape[0], width, parts))
+
+
+def _factored_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, split, num_splits,
+                      inline_asm):
+  """Windows [offset, offset + count) of a quantized pool, `seg.block` windows a step, never dequantized.
+
+  With r = 1 + c / 2^b (the code as a half, two instructions a pair) and the
+  window's per-channel scale s and minimum m, a value is s c + m = S r + M
+  with S = 2^b s and M = m - S. So a window's scores are (q S) . r + q . M:
+  S is folded into q (a [G, H/P] product a window, not one a code) and q . M
+  is one bias a row; its values contribute (P . r) S + (sum P) M. The codes
+  only meet the tensor cores. Values grouped per token (KIVI) are
+  dequantized instead: their scales cannot leave the token axis.
+  """
+  k_ref, ks_ref, km_ref, v_ref, vs_ref, vm_ref = refs
+  parts = 8 // seg.bits
+  width = k_ref.shape[1]  # H / P
+  tile = seg.block
+  lift = float(1 << seg.bits)
+  pool_windows = tokens // window
+  lo, hi = _split_range(pl.cdiv(count, tile), split, num_splits)
+  raw = functools.partial(_raw_codes, bits=seg.bits, inline_asm=inline_asm)
+
+  def folded(s_ref, m_ref, row, part):  # S and the minimum m of one window and part, float32 [H/P]
+    cols = pl.ds(part * width, width)
+    return s_ref[row, cols].astype(jnp.float32) * lift, m_ref[row, cols].astype(jnp.float32)
+
+  def step(i, carry):
+    m, l, accs = carry
+    start = offset + i * tile
+    first = jnp.minimum(start, pool_windows - tile)  # stay inside the pool; mask what is not ours
+    scores = []
+    for w in range(tile):
+      win = first + w
+      codes = k_ref[pl.ds(bk * tokens + win * window, window), :]
+      s, bias = 0.0, 0.0
+      for k, qk in enumerate(q_parts):
+        scale, minimum = folded(ks_ref, km_ref, bk * pool_windows + win, k)
+        a = (qk * scale[None, :]).astype(jnp.float16)
+        s = s + _dot_t(a, raw(codes, part=k))
+        bias = bias + qk * minimum[None, :] - a.astype(jnp.float32)  # M = m - S, with S as the dot saw it
+      ours = (win >= start) & (win < offset + count)
+      scores.append(jnp.where(ours, s + jnp.sum(bias, axis=1)[:, None], -jnp.inf))
+    m_new = functools.reduce(jnp.maximum, [jnp.max(s, axis=1) for s in scores], m)
+    corr = jnp.exp(m - m_new)
+    probs = [jnp.exp(s - m_new[:, None]).astype(jnp.float16) for s in scores]
+    sums = [jnp.sum(p.astype(jnp.float32), axis=1) for p in probs]  # what the tensor cores will add up
+    accs = [acc * corr[:, None] for acc in accs]
+    for w, (p, total) in enumerate(zip(probs, sums)):
+      win = first + w
+      rows = pl.ds(bk * tokens + win * window, window)
+      codes = v_ref[rows, :]
+      if seg.value_group:
+        metas = [_token_meta(vs_ref, vm_ref, rows, window, width, k, seg.value_group) for k in range(parts)]
+        values = _dequantize(codes, [x for x, _ in metas], [y for _, y in metas], bits=seg.bits,
+                             inline_asm=inline_asm)
+        accs = [acc + _dot(p, v) for acc, v in zip(accs, values)]
+      else:
+        for k in range(parts):
+          scale, minimum = folded(vs_ref, vm_ref, bk * pool_windows + win, k)
+          accs[k] = accs[k] + _dot(p, raw(codes, part=k)) * scale[None, :] + total[:, None] * (minimum - scale)[None, :]
+    return m_new, l * corr + sum(sums), tuple(accs)
 
   return lax.fori_loop(lo, hi, step, _fresh(q_parts[0].shape[0], width, parts))
 
@@ -284,10 +380,11 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, sizes_ref, q_ref, *refs, segm
     if seg.bits == 16:
       continue
     width = head_dim * seg.bits // 8
-    q_parts = [q_ref[q_rows, pl.ds(k * width, width)].astype(jnp.float16) for k in range(8 // seg.bits)]
+    q_parts = [q_ref[q_rows, pl.ds(k * width, width)] for k in range(8 // seg.bits)]
     offset, count, tokens = offsets_ref[seg.index], counts_ref[seg.index], sizes_ref[_TOKENS + seg.index]
-    m, l, accs = _quantized_segment(q_parts, refs_, bk, tokens, offset, count, seg=seg, window=window,
-                                    split=split, num_splits=num_splits, inline_asm=cfg.inline_asm)
+    segment = _factored_segment if cfg.factored else _quantized_segment
+    m, l, accs = segment(q_parts, refs_, bk, tokens, offset, count, seg=seg, window=window,
+                         split=split, num_splits=num_splits, inline_asm=cfg.inline_asm)
     m_ref[phase], l_ref[phase] = m, l
     for k, acc in enumerate(accs):
       o_ref[phase, :, pl.ds(k * width, width)] = acc
@@ -301,10 +398,32 @@ def _pow2_floor(n: int) -> int:
   return 1 << (max(n, 1).bit_length() - 1)
 
 
+def _multiprocessors(cfg: DecodeConfig) -> int:
+  if cfg.multiprocessors:
+    return cfg.multiprocessors
+  return int(getattr(jax.devices()[0], "core_count", 0) or 132)  # CPU (interpret mode): an H200's count
+
+
 def num_splits(batch: int, kv_heads: int, tokens: int, cfg: DecodeConfig) -> int:
-  """J: enough programs to fill the device, none with fewer than `min_tokens_per_split` tokens."""
-  fill = -(-cfg.target_programs // (batch * kv_heads))
-  return max(1, min(fill, tokens // cfg.min_tokens_per_split))
+  """J: splits of the key axis, none with fewer than `min_tokens_per_split` tokens.
+
+  Programs of a grid take about equal time, so a grid of n programs over
+  `slots` resident ones costs ceil(n / slots) waves of one program's time:
+  with 32 (request, head) pairs on 132 slots, 17 splits (544 programs) cost
+  five waves of 1/17 of the keys where 16 cost four. Each program also pays
+  a fixed start (q, four pipeline fills, its partial softmaxes), counted as
+  `program_tokens` keys. Take the J of least waves * (start + keys / J).
+  """
+  pairs = batch * kv_heads
+  slots = _multiprocessors(cfg) * cfg.programs_per_multiprocessor
+  most = max(1, tokens // cfg.min_tokens_per_split)
+  if not cfg.round_to_waves:  # the first grid that fills the device
+    return min(most, -(-slots // pairs))
+
+  def cost(j):
+    return -(-pairs * j // slots) * (cfg.program_tokens + -(-tokens // j))
+
+  return min(range(1, most + 1), key=cost)
 
 
 def quantized_decode(

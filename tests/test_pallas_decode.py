@@ -77,7 +77,10 @@ def check_case(seed, *, batch, kv_heads, group, head_dim, windows=7, value_group
 
 
 # More splits than steps: most programs see nothing, and their (m, l, o) must not disturb the sum.
-MANY_SPLITS = qd.DecodeConfig(tile_windows=1, dense_tokens=16, target_programs=64, min_tokens_per_split=1)
+MANY_SPLITS = qd.DecodeConfig(tile_windows=1, dense_tokens=16, min_tokens_per_split=1, multiprocessors=64,
+                              round_to_waves=False)
+# Scales folded into q and into the P.V sums instead of dequantizing each code (an option).
+FACTORED = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split=64, factored=True)
 
 
 @pytest.mark.parametrize("batch,kv_heads,group,head_dim,value_group,config", [
@@ -85,10 +88,23 @@ MANY_SPLITS = qd.DecodeConfig(tile_windows=1, dense_tokens=16, target_programs=6
     (1, 2, 8, 64, 16, ONE_WINDOW),      # KIVI values: per token over 16 channels
     (3, 1, 1, 64, 0, MANY_SPLITS),    # multi-head (ratio 1), empty splits
     (1, 2, 2, 128, 32, TILED),        # KIVI with a group as wide as an INT2 byte block
+    (2, 2, 7, 128, 0, FACTORED),
+    (1, 2, 8, 64, 16, FACTORED),      # KIVI values stay dequantized per token
 ])
 def test_matches_dequantize_then_attend(batch, kv_heads, group, head_dim, value_group, config):
   check_case(batch * 10 + group, batch=batch, kv_heads=kv_heads, group=group, head_dim=head_dim,
              value_group=value_group, config=config)
+
+
+@pytest.mark.parametrize("batch,tokens", [(8, 32768), (60, 32768), (1, 1024), (32, 19600), (60, 1500)])
+def test_split_count_fills_whole_waves(batch, tokens):
+  """The grid never ends in a nearly empty wave (544 programs on 132 slots once cost five waves)."""
+  cfg = qd.DecodeConfig(multiprocessors=132)
+  j = qd.num_splits(batch, 4, tokens, cfg)
+  programs = batch * 4 * j
+  assert 1 <= j <= tokens // cfg.min_tokens_per_split
+  waves = -(-programs // 132)
+  assert programs / (waves * 132) >= 0.9 or waves == 1, (j, programs)
 
 
 def test_registered_as_pallas_on_a_bf16_cache():
