@@ -229,11 +229,11 @@ def correctness_checks():
 
 
 VARIANTS = {  # t: quantized windows a step, w: warps a program, s: pipeline stages; p: resident programs an SM
-    "v3_run3": qd.DecodeConfig(programs_per_multiprocessor=4, round_to_waves=False),  # run 3's grid: 4 a SM
-    "t2w8": qd.DecodeConfig(tile_windows=2, num_warps=8),
-    "t2w8f": qd.DecodeConfig(tile_windows=2, num_warps=8, factored=True),
-    "t1w8": qd.DecodeConfig(tile_windows=1, num_warps=8),
-    "t4w8": qd.DecodeConfig(tile_windows=4, num_warps=8),
+    "v3_run3": qd.DecodeConfig(num_warps=8, programs_per_multiprocessor=4, round_to_waves=False),  # run 3's grid
+    "t2w8": qd.DecodeConfig(tile_windows=2, num_warps=8, programs_per_multiprocessor=1),
+    "t2w8f": qd.DecodeConfig(tile_windows=2, num_warps=8, programs_per_multiprocessor=1, factored=True),
+    "t1w8": qd.DecodeConfig(tile_windows=1, num_warps=8, programs_per_multiprocessor=1),
+    "t4w8": qd.DecodeConfig(tile_windows=4, num_warps=8, programs_per_multiprocessor=1),
     "t2w4": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3),
     "t2w4f": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, factored=True),
     "t4w4": qd.DecodeConfig(tile_windows=4, num_warps=4, programs_per_multiprocessor=2),

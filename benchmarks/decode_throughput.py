@@ -52,6 +52,7 @@ import os
 import statistics
 import tempfile
 import time
+import traceback
 from pathlib import Path
 
 import jax
@@ -441,17 +442,22 @@ def capacity_rows(model, prefills, built, workspace, args, device, report) -> No
 
 
 def try_batch(model, prefilled, b: Built, batch: int, attention: str, device: dict) -> str:
-  """Allocates `batch` copies of the cache and runs one decode step: 'ok' or the error, and what
-  this process held besides the weights (its one-request prefills and caches) when it tried."""
+  """Allocates `batch` copies of the cache and runs one decode step: 'ok' or the error, the phase and
+  our innermost source line it came from, and what this process held besides the weights (its
+  one-request prefills and caches) when it tried."""
   in_use = _stat("bytes_in_use")
   held = "" if in_use is None else f"; {_gb(in_use - device['weights_in_use'])} GB held besides the weights"
+  phase = "building the batch"
   try:
-    cache, logits, positions = batch_inputs(prefilled, b, batch)
+    cache, logits, positions = jax.block_until_ready(batch_inputs(prefilled, b, batch))
+    phase = f"decoding (batch built, {_gb(_stat('bytes_in_use'))} GB in use)"
     out = generation.decode_call(model, cache, logits, positions, steps=2, eos_ids=NO_EOS, attention=attention)()
     jax.block_until_ready(out)
     return f"ok: one step ran, peak {_gb(_stat('peak_bytes_in_use'))} GB{held}"
   except Exception as e:
-    return f"failed: {repr(e)[:300]}{held}"
+    ours = [f for f in traceback.extract_tb(e.__traceback__) if "/wq_jax/" in f.filename or "/benchmarks/" in f.filename]
+    where = f" at {Path(ours[-1].filename).name}:{ours[-1].lineno} `{ours[-1].line}`" if ours else ""
+    return f"failed while {phase}{where}: {repr(e)[:300]}{held}"
 
 
 def sweep_rows(model, prefilled, frames: int, args, budget, report) -> None:

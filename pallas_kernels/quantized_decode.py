@@ -76,12 +76,12 @@ class DecodeConfig:
   """Tiling knobs; the defaults were chosen on an H200 (benchmarks/decode_attention.py)."""
   tile_windows: int = 2  # quantized windows a loop step reads
   dense_tokens: int = 64  # high-precision and rest tokens a loop step reads
-  programs_per_multiprocessor: int = 1  # resident at once: 8 warps of ~134 registers leave room for one
+  programs_per_multiprocessor: int = 3  # resident at once: 4 warps of ~130 registers leave room for three
   multiprocessors: int | None = None  # None: the device's count (132 on an H200)
   round_to_waves: bool = True  # pick the split count by whole waves of programs (else: fill one wave)
   program_tokens: int = 256  # a program's fixed cost, in keys streamed (for the split count)
   min_tokens_per_split: int = 128
-  num_warps: int = 8
+  num_warps: int = 4
   num_stages: int = 3
   inline_asm: bool = True  # unpack codes with f16x2 PTX (GPU); plain jnp ops otherwise (and in interpret mode)
   factored: bool = False  # scales folded into q (keys) and applied to P.V sums (values); else dequantize each code
