@@ -40,7 +40,8 @@ from wq_jax.cache import KVCache, Pool
 
 HEADS, KV_HEADS, HEAD_DIM, WINDOW = 28, 4, 128, 32
 TEXT, NEW = 64, 16  # rest segment: text tokens, then room for generated ones
-PLANS = {"fp16": (1.0, 0.0, 0.0), "mix": (0.15, 0.35, 0.5), "int2": (0.0, 0.0, 1.0), "kivi2": (0.0, 0.0, 1.0)}
+PLANS = {"fp16": (1.0, 0.0, 0.0), "mix": (0.15, 0.35, 0.5), "int4": (0.0, 1.0, 0.0), "int2": (0.0, 0.0, 1.0),
+         "kivi2": (0.0, 0.0, 1.0)}
 L2_BYTES = 60e6
 
 
@@ -238,6 +239,10 @@ VARIANTS = {  # t: quantized windows a step, w: warps a program, s: pipeline sta
     "t2w4f": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, factored=True),
     "t4w4": qd.DecodeConfig(tile_windows=4, num_warps=4, programs_per_multiprocessor=2),
     "t2w4_jnp": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, inline_asm=False),
+    "t2w4s2": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, num_stages=2),
+    "t1w4": qd.DecodeConfig(tile_windows=1, num_warps=4, programs_per_multiprocessor=4),
+    "t2w2": qd.DecodeConfig(tile_windows=2, num_warps=2, programs_per_multiprocessor=6),
+    "t1w2": qd.DecodeConfig(tile_windows=1, num_warps=2, programs_per_multiprocessor=8),
 }
 # (batch, tokens) in the order a time-limited run measures them: the bars' configurations first.
 PRIORITY = [(8, 32768), (1, 1024), (60, 32768), (1, 32768), (8, 131072), (8, 1024), (60, 1024), (8, 8192),
@@ -315,6 +320,7 @@ def main(argv=None):
   ap.add_argument("--tokens", default="1024,8192,32768,131072")
   ap.add_argument("--plans", default="fp16,mix,int2")
   ap.add_argument("--variants", default="", help="comma list of VARIANTS to time at batch 8, 32k tokens")
+  ap.add_argument("--variant-plans", default="mix", help="plans each variant is timed on (the first picks the best)")
   ap.add_argument("--check", action="store_true", help="run the correctness checks")
   ap.add_argument("--no-sweep", action="store_true")
   ap.add_argument("--budget-s", type=float, default=1e9, help="stop the sweep after this many seconds")
@@ -342,24 +348,28 @@ def main(argv=None):
     save()
   key = jax.random.PRNGKey(0)
   best = None
+  variant_plans = args.variant_plans.split(",")
   for name in filter(None, args.variants.split(",")):
     config = VARIANTS[name]
-    try:
-      r = report["variants"][name] = measure(8, 32768, "mix", key=key, config=config)
-      print(f"variant {name}: {r['pallas_s'] * 1e6:.1f} us {r['pallas_TBps']:.2f} TB/s "
-            f"(compile {r['pallas_compile_s']:.1f} s, err vs xla {r.get('pallas_vs_xla_rel_err', float('nan')):.1e})",
-            flush=True)
-      if best is None or r["pallas_s"] < report["variants"][best]["pallas_s"]:
-        best = name
-    except Exception as e:
-      report["variants"][name] = dict(plan="mix", error=repr(e)[:500], pallas_s=float("nan"),
-                                      pallas_TBps=float("nan"), pallas_compile_s=float("nan"))
-      print(f"variant {name} failed: {e!r}"[:800], flush=True)
-    save()
+    for plan in variant_plans:
+      label = name if plan == variant_plans[0] else f"{name}+{plan}"
+      try:
+        r = report["variants"][label] = measure(8, 32768, plan, key=key, config=config,
+                                                with_xla=plan == variant_plans[0])
+        print(f"variant {label}: {r['pallas_s'] * 1e6:.1f} us {r['pallas_TBps']:.2f} TB/s (compile "
+              f"{r['pallas_compile_s']:.1f} s, err vs xla {r.get('pallas_vs_xla_rel_err', float('nan')):.1e})",
+              flush=True)
+        if label == name and (best is None or r["pallas_s"] < report["variants"][best]["pallas_s"]):
+          best = name
+      except Exception as e:
+        report["variants"][label] = dict(plan=plan, error=repr(e)[:500], pallas_s=float("nan"),
+                                         pallas_TBps=float("nan"), pallas_compile_s=float("nan"))
+        print(f"variant {label} failed: {e!r}"[:800], flush=True)
+      save()
   config = VARIANTS[best] if best else None
   report["sweep_config"] = dict(name=best or "default", **dataclasses.asdict(config or qd.DecodeConfig()))
   if best:
-    for plan in ("int2", "kivi2"):
+    for plan in [p for p in ("int2", "kivi2") if p not in variant_plans]:
       r = report["variants"][f"{best}+{plan}"] = measure(8, 32768, plan, key=key, config=config, with_xla=False)
       print(f"variant {best} on plan {plan}: {r['pallas_s'] * 1e6:.1f} us", flush=True)
   if not args.no_sweep:

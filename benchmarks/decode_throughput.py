@@ -48,6 +48,7 @@ import argparse
 import concurrent.futures
 import dataclasses
 import functools
+import gc
 import os
 import statistics
 import tempfile
@@ -429,16 +430,27 @@ def capacity_rows(model, prefills, built, workspace, args, device, report) -> No
         row["max_frames_memory"] = int((free - fixed - text_share) // per_frame)
     report.capacity.append(row)
     report.write()
-  tried = ("fp16", "windowquant")
+  tried = ("windowquant", "fp16")  # the smaller batch's leftovers, if any, then weigh on the larger
   for key in [k for k in built if k != (longest, tried[0]) and k != (longest, tried[1])]:
     del built[key]  # free what the tries do not need
-  for row in report.capacity:
-    if row["method"] in tried and row.get("max_batch", 0) > 0:
-      row.update(verified_batch=row["max_batch"],
-                 verified=try_batch(model, prefills[longest], built[longest, row["method"]], row["max_batch"],
-                                    args.attention[0], device))
-      print(f"capacity {row}", flush=True)
-      report.write()
+  for frames in prefills:  # the tries read only the prefills' first logits and positions
+    prefills[frames] = dataclasses.replace(prefills[frames], keys=None, values=None, embeds=None)
+  gc.collect()
+  rows = {row["method"]: row for row in report.capacity}
+  for m in tried:
+    row = rows.get(m, {})
+    if row.get("max_batch", 0) <= 0:
+      continue
+    b = built[longest, m]
+    ws_fixed, ws = per_request(workspace.get((longest, m), {}))
+    # The prediction counts the whole free memory; the try has what this process does not hold now.
+    room = _stat("bytes_limit") - _stat("bytes_in_use") if _stat("bytes_limit") else free
+    batch = min(row["max_batch"], int((room - ws_fixed) // (b.per_request_bytes + ws)))
+    row.update(verified_batch=batch,
+               verified=try_batch(model, prefills[longest], b, batch, args.attention[0], device))
+    gc.collect()
+    print(f"capacity {row}", flush=True)
+    report.write()
 
 
 def try_batch(model, prefilled, b: Built, batch: int, attention: str, device: dict) -> str:
@@ -547,10 +559,10 @@ def main(argv=None) -> Report:
         continue
       main_rows(model, prefills, built, setting, args, device, budget, report, workspace)
       report.plot()
-    if args.capacity and not budget.spent():  # after the rows: it reads their workspaces
-      capacity_rows(model, prefills, built, workspace, args, device, report)
     if args.sweeps and not budget.spent():
       sweep_rows(model, prefills[max(frames)], max(frames), args, budget, report)
+    if args.capacity:  # last (it drops the prefills' K/V and most caches), after the rows (it reads their workspaces)
+      capacity_rows(model, prefills, built, workspace, args, device, report)
     report.write()
   print(f"done in {time.perf_counter() - budget.start:.0f} s", flush=True)
   return report
