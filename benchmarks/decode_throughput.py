@@ -443,8 +443,11 @@ def capacity_rows(model, prefills, built, workspace, args, device, report) -> No
       continue
     b = built[longest, m]
     ws_fixed, ws = per_request(workspace.get((longest, m), {}))
-    # The prediction counts the whole free memory; the try has what this process does not hold now.
-    room = _stat("bytes_limit") - _stat("bytes_in_use") if _stat("bytes_limit") else free
+    # The prediction counts the whole free memory; the try has what this process does not hold now,
+    # less a margin: the allocator needs contiguous room for each leaf of tens of GB (at 568 of a
+    # predicted 574 requests it failed on a 1.2 GB leaf), and a failed try leaves its buffers held.
+    limit = _stat("bytes_limit")
+    room = TRY_MARGIN * (limit - _stat("bytes_in_use")) - TRY_RESERVE if limit else free  # (CPU: --memory-gb)
     batch = min(row["max_batch"], int((room - ws_fixed) // (b.per_request_bytes + ws)))
     row.update(verified_batch=batch,
                verified=try_batch(model, prefills[longest], b, batch, args.attention[0], device))
@@ -453,19 +456,30 @@ def capacity_rows(model, prefills, built, workspace, args, device, report) -> No
     report.write()
 
 
+TRY_MARGIN, TRY_RESERVE = 0.97, 1e9  # of the room left when a capacity try starts
+
+
 def try_batch(model, prefilled, b: Built, batch: int, attention: str, device: dict) -> str:
-  """Allocates `batch` copies of the cache and runs one decode step: 'ok' or the error, the phase and
-  our innermost source line it came from, and what this process held besides the weights (its
-  one-request prefills and caches) when it tried."""
+  """Compiles the decode step for `batch` requests, then allocates `batch` copies of the cache and
+  runs one step: 'ok' or the error, the phase and our innermost source line it came from, and
+  what this process held besides the weights (its one-request prefills and caches) when it tried.
+
+  The step compiles first, on shapes alone: XLA's autotuner allocates trial buffers while it
+  compiles, and beside a full cache those failed (3.6 GB at 546 requests).
+  """
   in_use = _stat("bytes_in_use")
   held = "" if in_use is None else f"; {_gb(in_use - device['weights_in_use'])} GB held besides the weights"
-  phase = "building the batch"
+  phase = "compiling the step"
   try:
+    shapes = batch_inputs(prefilled, b, batch, abstract=True)
+    loop = generation.decode_call(model, *shapes, steps=2, eos_ids=NO_EOS, attention=attention).compile()
+    temp = getattr(loop.memory_analysis(), "temp_size_in_bytes", None)
+    phase = "building the batch"
     cache, logits, positions = jax.block_until_ready(batch_inputs(prefilled, b, batch))
     phase = f"decoding (batch built, {_gb(_stat('bytes_in_use'))} GB in use)"
-    out = generation.decode_call(model, cache, logits, positions, steps=2, eos_ids=NO_EOS, attention=attention)()
-    jax.block_until_ready(out)
-    return f"ok: one step ran, peak {_gb(_stat('peak_bytes_in_use'))} GB{held}"
+    call = generation.decode_call(model, cache, logits, positions, steps=2, eos_ids=NO_EOS, attention=attention)
+    jax.block_until_ready(loop(*call.arrays))
+    return f"ok: one step ran, peak {_gb(_stat('peak_bytes_in_use'))} GB, step temp {_mb(temp)} MB{held}"
   except Exception as e:
     ours = [f for f in traceback.extract_tb(e.__traceback__) if "/wq_jax/" in f.filename or "/benchmarks/" in f.filename]
     where = f" at {Path(ours[-1].filename).name}:{ours[-1].lineno} `{ours[-1].line}`" if ours else ""
