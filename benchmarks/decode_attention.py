@@ -229,20 +229,28 @@ def correctness_checks():
   return rows
 
 
-VARIANTS = {  # t: quantized windows a step, w: warps a program, s: pipeline stages; p: resident programs an SM
-    "v3_run3": qd.DecodeConfig(num_warps=8, programs_per_multiprocessor=4, round_to_waves=False),  # run 3's grid
-    "t2w8": qd.DecodeConfig(tile_windows=2, num_warps=8, programs_per_multiprocessor=1),
-    "t2w8f": qd.DecodeConfig(tile_windows=2, num_warps=8, programs_per_multiprocessor=1, factored=True),
-    "t1w8": qd.DecodeConfig(tile_windows=1, num_warps=8, programs_per_multiprocessor=1),
-    "t4w8": qd.DecodeConfig(tile_windows=4, num_warps=8, programs_per_multiprocessor=1),
-    "t2w4": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3),
-    "t2w4f": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, factored=True),
-    "t4w4": qd.DecodeConfig(tile_windows=4, num_warps=4, programs_per_multiprocessor=2),
-    "t2w4_jnp": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, inline_asm=False),
-    "t2w4s2": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, num_stages=2),
-    "t1w4": qd.DecodeConfig(tile_windows=1, num_warps=4, programs_per_multiprocessor=4),
-    "t2w2": qd.DecodeConfig(tile_windows=2, num_warps=2, programs_per_multiprocessor=6),
-    "t1w2": qd.DecodeConfig(tile_windows=1, num_warps=2, programs_per_multiprocessor=8),
+# Tilings as measured: t quantized windows a step, w warps a program, p resident programs an SM (for the
+# split count), s pipeline stages, f factored form; INT4 pools take their own step (1) only in t2w4i1.
+_AS_MEASURED = dict(int4_tile_windows=None)
+VARIANTS = {
+    "v3_run3": qd.DecodeConfig(num_warps=8, programs_per_multiprocessor=4, round_to_waves=False, **_AS_MEASURED),
+    "t2w8": qd.DecodeConfig(tile_windows=2, num_warps=8, programs_per_multiprocessor=1, **_AS_MEASURED),
+    "t2w8f": qd.DecodeConfig(tile_windows=2, num_warps=8, programs_per_multiprocessor=1, factored=True,
+                             **_AS_MEASURED),
+    "t1w8": qd.DecodeConfig(tile_windows=1, num_warps=8, programs_per_multiprocessor=1, **_AS_MEASURED),
+    "t4w8": qd.DecodeConfig(tile_windows=4, num_warps=8, programs_per_multiprocessor=1, **_AS_MEASURED),
+    "t2w4": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, **_AS_MEASURED),
+    "t2w4f": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, factored=True,
+                             **_AS_MEASURED),
+    "t4w4": qd.DecodeConfig(tile_windows=4, num_warps=4, programs_per_multiprocessor=2, **_AS_MEASURED),
+    "t2w4_jnp": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, inline_asm=False,
+                                **_AS_MEASURED),
+    "t2w4s2": qd.DecodeConfig(tile_windows=2, num_warps=4, programs_per_multiprocessor=3, num_stages=2,
+                              **_AS_MEASURED),
+    "t1w4": qd.DecodeConfig(tile_windows=1, num_warps=4, programs_per_multiprocessor=4, **_AS_MEASURED),
+    "t2w2": qd.DecodeConfig(tile_windows=2, num_warps=2, programs_per_multiprocessor=6, **_AS_MEASURED),
+    "t1w2": qd.DecodeConfig(tile_windows=1, num_warps=2, programs_per_multiprocessor=8, **_AS_MEASURED),
+    "t2w4i1": qd.DecodeConfig(tile_windows=2, int4_tile_windows=1, num_warps=4, programs_per_multiprocessor=3),
 }
 # (batch, tokens) in the order a time-limited run measures them: the bars' configurations first.
 PRIORITY = [(8, 32768), (1, 1024), (60, 32768), (1, 32768), (8, 131072), (8, 1024), (60, 1024), (8, 8192),

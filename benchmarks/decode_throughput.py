@@ -481,7 +481,8 @@ def try_batch(model, prefilled, b: Built, batch: int, attention: str, device: di
     jax.block_until_ready(loop(*call.arrays))
     return f"ok: one step ran, peak {_gb(_stat('peak_bytes_in_use'))} GB, step temp {_mb(temp)} MB{held}"
   except Exception as e:
-    ours = [f for f in traceback.extract_tb(e.__traceback__) if "/wq_jax/" in f.filename or "/benchmarks/" in f.filename]
+    ours = [f for f in traceback.extract_tb(e.__traceback__)
+            if "/wq_jax/" in f.filename or "/benchmarks/" in f.filename]
     where = f" at {Path(ours[-1].filename).name}:{ours[-1].lineno} `{ours[-1].line}`" if ours else ""
     return f"failed while {phase}{where}: {repr(e)[:300]}{held}"
 

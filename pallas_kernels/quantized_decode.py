@@ -75,8 +75,11 @@ class PoolArrays:
 class DecodeConfig:
   """Tiling knobs; the defaults were chosen on an H200 (benchmarks/decode_attention.py)."""
   tile_windows: int = 2  # quantized windows a loop step reads
+  # INT4 pools' own step (None: tile_windows). At 2 windows the INT4 loop needs ~170 registers, and a
+  # warp's registers come in units of 8 a thread: 3 programs of 4 warps no longer fit an SM (at 1: ~145).
+  int4_tile_windows: int | None = 1
   dense_tokens: int = 64  # high-precision and rest tokens a loop step reads
-  programs_per_multiprocessor: int = 3  # resident at once: 4 warps of ~130 registers leave room for three
+  programs_per_multiprocessor: int = 3  # resident at once: 4 warps of <= 168 registers leave room for three
   multiprocessors: int | None = None  # None: the device's count (132 on an H200)
   round_to_waves: bool = True  # pick the split count by whole waves of programs (else: fill one wave)
   program_tokens: int = 256  # a program's fixed cost, in keys streamed (for the split count)
@@ -464,7 +467,8 @@ def quantized_decode(
     if kp.bits == 16:
       block = min(config.dense_tokens, _pow2_floor(tokens[index]))
     else:
-      block = min(config.tile_windows, _pow2_floor(tokens[index] // window_size))
+      tile = config.int4_tile_windows if kp.bits == 4 and config.int4_tile_windows else config.tile_windows
+      block = min(tile, _pow2_floor(tokens[index] // window_size))
     segments.append(_Segment(index, kp.bits, vp.channel_group, block))
     arrays = [kp.data, vp.data] if kp.bits == 16 else [kp.data, kp.scale, kp.minimum, vp.data, vp.scale, vp.minimum]
     operands += [rows(x) for x in arrays]
@@ -503,7 +507,7 @@ def combine_splits(o: Float[Array, "B K J G H"], m: Float[Array, "B K J G"], l: 
   m_max = jnp.max(m, axis=2, keepdims=True)
   w = jnp.exp(m - m_max)
   total = jnp.sum(w * l, axis=2)
-  out = jnp.einsum("BKJG,BKJGH->BKGH", w, o)
+  out = jnp.sum(w[..., None] * o, axis=2)  # a reduce XLA fuses with the rest, not a batched matmul
   return out / jnp.where(total > 0, total, 1.0)[..., None]
 
 

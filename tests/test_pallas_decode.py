@@ -81,6 +81,8 @@ MANY_SPLITS = qd.DecodeConfig(tile_windows=1, dense_tokens=16, min_tokens_per_sp
                               round_to_waves=False)
 # Scales folded into q and into the P.V sums instead of dequantizing each code (an option).
 FACTORED = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split=64, factored=True)
+# INT4 pools stepping a window at a time beside INT2 pools stepping two.
+INT4_ONE = qd.DecodeConfig(tile_windows=2, int4_tile_windows=1, dense_tokens=32, min_tokens_per_split=64)
 
 
 @pytest.mark.parametrize("batch,kv_heads,group,head_dim,value_group,config", [
@@ -90,6 +92,7 @@ FACTORED = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split
     (1, 2, 2, 128, 32, TILED),        # KIVI with a group as wide as an INT2 byte block
     (2, 2, 7, 128, 0, FACTORED),
     (1, 2, 8, 64, 16, FACTORED),      # KIVI values stay dequantized per token
+    (3, 2, 7, 128, 0, INT4_ONE),
 ])
 def test_matches_dequantize_then_attend(batch, kv_heads, group, head_dim, value_group, config):
   check_case(batch * 10 + group, batch=batch, kv_heads=kv_heads, group=group, head_dim=head_dim,
