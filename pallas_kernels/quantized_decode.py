@@ -75,9 +75,11 @@ class PoolArrays:
 class DecodeConfig:
   """Tiling knobs; the defaults were chosen on an H200 (benchmarks/decode_attention.py)."""
   tile_windows: int = 2  # quantized windows a loop step reads
-  # INT4 pools' own step (None: tile_windows). At 2 windows the INT4 loop needs ~170 registers, and a
-  # warp's registers come in units of 8 a thread: 3 programs of 4 warps no longer fit an SM (at 1: ~145).
+  # Own steps (None: tile_windows) for INT4 pools and for pools with per-token value scales (KIVI). At
+  # 2 windows their loops need 170-176 registers, and a warp's registers come in units of 8 a thread:
+  # 3 programs of 4 warps no longer fit an SM. At 1 window they need 130-145.
   int4_tile_windows: int | None = 1
+  token_values_tile_windows: int | None = 1
   dense_tokens: int = 64  # high-precision and rest tokens a loop step reads
   programs_per_multiprocessor: int = 3  # resident at once: 4 warps of <= 168 registers leave room for three
   multiprocessors: int | None = None  # None: the device's count (132 on an H200)
@@ -407,6 +409,12 @@ def _multiprocessors(cfg: DecodeConfig) -> int:
   return int(getattr(jax.devices()[0], "core_count", 0) or 132)  # CPU (interpret mode): an H200's count
 
 
+def _tile_windows(cfg: DecodeConfig, bits: int, value_group: int) -> int:
+  """Windows a step of a quantized pool reads."""
+  own = [cfg.int4_tile_windows if bits == 4 else None, cfg.token_values_tile_windows if value_group else None]
+  return min([t for t in own if t] or [cfg.tile_windows])
+
+
 def num_splits(batch: int, kv_heads: int, tokens: int, cfg: DecodeConfig) -> int:
   """J: splits of the key axis, none with fewer than `min_tokens_per_split` tokens.
 
@@ -467,8 +475,7 @@ def quantized_decode(
     if kp.bits == 16:
       block = min(config.dense_tokens, _pow2_floor(tokens[index]))
     else:
-      tile = config.int4_tile_windows if kp.bits == 4 and config.int4_tile_windows else config.tile_windows
-      block = min(tile, _pow2_floor(tokens[index] // window_size))
+      block = min(_tile_windows(config, kp.bits, vp.channel_group), _pow2_floor(tokens[index] // window_size))
     segments.append(_Segment(index, kp.bits, vp.channel_group, block))
     arrays = [kp.data, vp.data] if kp.bits == 16 else [kp.data, kp.scale, kp.minimum, vp.data, vp.scale, vp.minimum]
     operands += [rows(x) for x in arrays]

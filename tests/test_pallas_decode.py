@@ -15,7 +15,8 @@ from wq_jax import attention, cache
 
 VISUAL_START = 5
 WINDOW = 16
-TILED = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split=64)
+TILED = qd.DecodeConfig(tile_windows=2, int4_tile_windows=None, token_values_tile_windows=None, dense_tokens=32,
+                        min_tokens_per_split=64)  # every quantized pool two windows a step
 ONE_WINDOW = qd.DecodeConfig(tile_windows=1, dense_tokens=32, min_tokens_per_split=64)
 
 
@@ -136,3 +137,13 @@ def test_lowers_to_triton_for_cuda():
 
   text = jax.jit(run).trace(qg, c.layer(0)).lower(lowering_platforms=("cuda",)).as_text()
   assert "wq_quantized_decode" in text
+
+
+def test_step_width_by_pool_kind():
+  """By default INT2 pools with per-window values step two windows; INT4 and per-token-value (KIVI)
+  pools one, whose two-window loops need too many registers for three 4-warp programs an SM."""
+  cfg = qd.DecodeConfig()
+  assert qd._tile_windows(cfg, 2, 0) == 2
+  assert qd._tile_windows(cfg, 4, 0) == 1
+  assert qd._tile_windows(cfg, 2, 32) == 1
+  assert qd._tile_windows(TILED, 4, 32) == 2
