@@ -19,7 +19,9 @@ KV head. It streams its share of every segment once: the high-precision pools
 and the rest in one online softmax (phase 0), each quantized pool in its own
 (one phase each; the combine step merges phases like more splits).
 
-A quantized step reads `tile_windows` windows of codes, [tile * S, H/P] bytes,
+A quantized step reads `tile` windows of codes, [tile * S, H/P] bytes (two
+windows for INT2 pools, one for INT4 and KIVI-value pools, whose two-window
+loops need too many registers for three programs an SM; `DecodeConfig`),
 and dequantizes them in registers into P half-precision tiles, part k holding
 channels [k H/P, (k + 1) H/P): the "split" packing makes every part a plain
 shift and mask of the same bytes, and a block of columns of q (keys) or of the
