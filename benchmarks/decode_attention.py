@@ -230,9 +230,9 @@ def correctness_checks():
 
 
 # Tilings as measured: t quantized windows a step, w warps a program, p resident programs an SM (for the
-# split count), s pipeline stages, f factored form; INT4 and KIVI-value pools take their own step (1)
-# only in t2w4i1 (the default).
-_AS_MEASURED = dict(int4_tile_windows=None, token_values_tile_windows=None)
+# split count), s pipeline stages, f factored form; INT4 pools take their own step (1) only in t2w4i1
+# (the default). Since 2026-12-03 all of them read KIVI's value scales a whole row at a time.
+_AS_MEASURED = dict(int4_tile_windows=None)
 VARIANTS = {
     "v3_run3": qd.DecodeConfig(num_warps=8, programs_per_multiprocessor=4, round_to_waves=False, **_AS_MEASURED),
     "t2w8": qd.DecodeConfig(tile_windows=2, num_warps=8, programs_per_multiprocessor=1, **_AS_MEASURED),

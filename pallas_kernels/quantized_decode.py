@@ -20,8 +20,8 @@ and the rest in one online softmax (phase 0), each quantized pool in its own
 (one phase each; the combine step merges phases like more splits).
 
 A quantized step reads `tile` windows of codes, [tile * S, H/P] bytes (two
-windows for INT2 pools, one for INT4 and KIVI-value pools, whose two-window
-loops need too many registers for three programs an SM; `DecodeConfig`),
+windows for INT2 pools, one for INT4 pools, whose two-window loop needs too
+many registers for three programs an SM; `DecodeConfig`),
 and dequantizes them in registers into P half-precision tiles, part k holding
 channels [k H/P, (k + 1) H/P): the "split" packing makes every part a plain
 shift and mask of the same bytes, and a block of columns of q (keys) or of the
@@ -78,10 +78,10 @@ class DecodeConfig:
   """Tiling knobs; the defaults were chosen on an H200 (benchmarks/decode_attention.py)."""
   tile_windows: int = 2  # quantized windows a loop step reads
   # Own steps (None: tile_windows) for INT4 pools and for pools with per-token value scales (KIVI). At
-  # 2 windows their loops need 170-176 registers, and a warp's registers come in units of 8 a thread:
-  # 3 programs of 4 warps no longer fit an SM. At 1 window they need 130-145.
+  # 2 windows the INT4 loop needs ~170 registers, and a warp's registers come in units of 8 a thread:
+  # 3 programs of 4 warps no longer fit an SM. At 1 window it needs 130-145; KIVI INT2 needs 146 at 2.
   int4_tile_windows: int | None = 1
-  token_values_tile_windows: int | None = 1
+  token_values_tile_windows: int | None = None
   dense_tokens: int = 64  # high-precision and rest tokens a loop step reads
   programs_per_multiprocessor: int = 3  # resident at once: 4 warps of <= 168 registers leave room for three
   multiprocessors: int | None = None  # None: the device's count (132 on an H200)
@@ -229,15 +229,26 @@ def _window_meta(s_ref, m_ref, first, tile, width, part, window):
   return per_token(s_ref[rows, cols]), per_token(m_ref[rows, cols])
 
 
-def _token_meta(s_ref, m_ref, rows, size, width, part, group):
-  """Per-token scale and minimum of C-channel groups (KIVI values) for one part, as [T, width] halves."""
-  n = max(1, width // group)  # groups in a part
-  cols = pl.ds(part * width // group, n)  # the part's groups, or the one group holding the part
+def _token_meta(s_ref, m_ref, rows, size, width, parts, group):
+  """Per-token scales and minimums of C-channel groups (KIVI values), as [T, width] halves for each part.
 
-  def per_channel(x):
+  Each step loads the [T, H/C] rows whole (contiguous, so vectorized) and picks a part's groups with a
+  masked sum: loading one part's column of groups instead costs a scalar load a token and part.
+  """
+  n = max(1, width // group)  # groups in a part (a group wider than a part holds several parts)
+
+  def for_part(x, part):  # x [T, H/C] -> [T, width]
+    if width >= group:  # the part's n groups: [T, P, n] summed over P under a one-hot mask
+      x = x.reshape(size, parts, n)
+      pick = lax.broadcasted_iota(jnp.int32, x.shape, 1) == part
+    else:  # the one group holding the part
+      x = x[:, :, None]
+      pick = lax.broadcasted_iota(jnp.int32, x.shape, 1) == part * width // group
+    x = jnp.sum(jnp.where(pick, x, 0), axis=1)
     return jnp.broadcast_to(x.astype(jnp.float16)[:, :, None], (size, n, width // n)).reshape(size, width)
 
-  return per_channel(s_ref[rows, cols]), per_channel(m_ref[rows, cols])
+  s_all, m_all = s_ref[rows, :].astype(jnp.float32), m_ref[rows, :].astype(jnp.float32)
+  return [(for_part(s_all, k), for_part(m_all, k)) for k in range(parts)]
 
 
 def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, split, num_splits,
@@ -271,7 +282,7 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
     s = jnp.where((win >= start) & (win < offset + count), s, -jnp.inf)
     m, l, corr, p = _online_softmax(m, l, s)
     if seg.value_group:
-      v_meta = [_token_meta(vs_ref, vm_ref, rows, size, width, k, seg.value_group) for k in range(parts)]
+      v_meta = _token_meta(vs_ref, vm_ref, rows, size, width, parts, seg.value_group)
     else:
       v_meta = [_window_meta(vs_ref, vm_ref, meta, tile, width, k, window) for k in range(parts)]
     values = dequantize(v_ref[rows, :], [s for s, _ in v_meta], [mn for _, mn in v_meta])
@@ -332,7 +343,7 @@ def _factored_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, 
       rows = pl.ds(bk * tokens + win * window, window)
       codes = v_ref[rows, :]
       if seg.value_group:
-        metas = [_token_meta(vs_ref, vm_ref, rows, window, width, k, seg.value_group) for k in range(parts)]
+        metas = _token_meta(vs_ref, vm_ref, rows, window, width, parts, seg.value_group)
         values = _dequantize(codes, [x for x, _ in metas], [y for _, y in metas], bits=seg.bits,
                              inline_asm=inline_asm)
         accs = [acc + _dot(p, v) for acc, v in zip(accs, values)]

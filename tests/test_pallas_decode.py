@@ -91,6 +91,7 @@ INT4_ONE = qd.DecodeConfig(tile_windows=2, int4_tile_windows=1, dense_tokens=32,
     (1, 2, 8, 64, 16, ONE_WINDOW),      # KIVI values: per token over 16 channels
     (3, 1, 1, 64, 0, MANY_SPLITS),    # multi-head (ratio 1), empty splits
     (1, 2, 2, 128, 32, TILED),        # KIVI with a group as wide as an INT2 byte block
+    (2, 1, 7, 64, 32, TILED),         # KIVI groups wider than an INT2 part (a group holds two parts)
     (2, 2, 7, 128, 0, FACTORED),
     (1, 2, 8, 64, 16, FACTORED),      # KIVI values stay dequantized per token
     (3, 2, 7, 128, 0, INT4_ONE),
@@ -140,10 +141,13 @@ def test_lowers_to_triton_for_cuda():
 
 
 def test_step_width_by_pool_kind():
-  """By default INT2 pools with per-window values step two windows; INT4 and per-token-value (KIVI)
-  pools one, whose two-window loops need too many registers for three 4-warp programs an SM."""
+  """By default INT2 pools step two windows and INT4 pools one (their two-window loop needs too many
+  registers for three 4-warp programs an SM); a width set for one kind applies to it alone."""
   cfg = qd.DecodeConfig()
   assert qd._tile_windows(cfg, 2, 0) == 2
   assert qd._tile_windows(cfg, 4, 0) == 1
-  assert qd._tile_windows(cfg, 2, 32) == 1
+  assert qd._tile_windows(cfg, 2, 32) == 2
+  assert qd._tile_windows(cfg, 4, 32) == 1
+  kivi_one = qd.DecodeConfig(int4_tile_windows=None, token_values_tile_windows=1)
+  assert qd._tile_windows(kivi_one, 2, 32) == 1 and qd._tile_windows(kivi_one, 2, 0) == 2
   assert qd._tile_windows(TILED, 4, 32) == 2
