@@ -32,6 +32,9 @@ f16x2 subtract and one f16x2 fma with the window's scale and minimum. The
 tiles then meet the tensor cores as in a high-precision step: one K dot per
 part, one softmax update, one P.V dot per part.
 
+INT4 pools can take a launch of their own (`DecodeConfig.int4_launch`), with
+their own warps and splits; the combine merges its phases with the others'.
+
 Every array is passed whole, as rows, and all sizes (tokens a pool holds, rest
 capacity, split count) are data, so the compiled kernel depends on head shapes
 only and one compilation serves every batch and video length.
@@ -82,6 +85,10 @@ class DecodeConfig:
   # 3 programs of 4 warps no longer fit an SM. At 1 window it needs 130-145; KIVI INT2 needs 146 at 2.
   int4_tile_windows: int | None = 1
   token_values_tile_windows: int | None = None
+  # INT4 pools in a launch of their own with this tiling (its num_warps, programs_per_multiprocessor,
+  # tile_windows...); None: one launch for every segment. A second launch costs a few µs, so it pays
+  # only where the INT4 windows are many (at 2 warps INT4 ran 1.6x faster than at 4, INT2 3x slower).
+  int4_launch: DecodeConfig | None = None
   dense_tokens: int = 64  # high-precision and rest tokens a loop step reads
   programs_per_multiprocessor: int = 3  # resident at once: 4 warps of <= 168 registers leave room for three
   multiprocessors: int | None = None  # None: the device's count (132 on an H200)
@@ -363,16 +370,16 @@ def _fresh(rows: int, width: int, parts: int):
 
 
 def _kernel(offsets_ref, counts_ref, rest_len_ref, sizes_ref, q_ref, *refs, segments: tuple[_Segment, ...],
-            kv_heads, group, window, rest_block, cfg: DecodeConfig):
+            kv_heads, group, window, rest_block, with_rest: bool, cfg: DecodeConfig):
   """One (request, KV head, split): its share of every segment, as partial softmaxes (o, m, l).
 
-  Phase 0 holds the high-precision pools and the rest segment; each quantized
-  pool is one more phase (the combine merges phases like splits).
+  Phase 0 holds the high-precision pools and the rest segment (if `with_rest`:
+  a launch of quantized pools alone has none); each quantized pool is one
+  more phase (the combine merges phases like splits).
   """
   *in_refs, o_ref, m_ref, l_ref = refs
   it = iter(in_refs)
   seg_refs = [tuple(next(it) for _ in range(2 if seg.bits == 16 else 6)) for seg in segments]
-  rest_k, rest_v = next(it), next(it)
 
   program = pl.program_id(0)
   num_splits = sizes_ref[_SPLITS]
@@ -382,18 +389,21 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, sizes_ref, q_ref, *refs, segm
   q_rows = pl.ds(bk * group, group)
   q = q_ref[q_rows, :]  # f32 [Gp, H]
 
-  m, l, (o,) = _fresh(group, head_dim, 1)
-  state = m, l, o
-  for seg, refs_ in zip(segments, seg_refs):
-    if seg.bits == 16:
-      offset, count, tokens = offsets_ref[seg.index], counts_ref[seg.index], sizes_ref[_TOKENS + seg.index]
-      state = _dense_segment(state, q, *refs_, bk * tokens, tokens, offset * window, (offset + count) * window,
-                             block=seg.block, split=split, num_splits=num_splits)
-  capacity = sizes_ref[_REST_CAPACITY]
-  m, l, o = _dense_segment(state, q, rest_k, rest_v, bk * capacity, capacity, 0, rest_len_ref[b],
-                           block=rest_block, split=split, num_splits=num_splits)
-  m_ref[0], l_ref[0], o_ref[0] = m, l, o
-  phase = 1
+  phase = 0
+  if with_rest:
+    rest_k, rest_v = next(it), next(it)
+    m, l, (o,) = _fresh(group, head_dim, 1)
+    state = m, l, o
+    for seg, refs_ in zip(segments, seg_refs):
+      if seg.bits == 16:
+        offset, count, tokens = offsets_ref[seg.index], counts_ref[seg.index], sizes_ref[_TOKENS + seg.index]
+        state = _dense_segment(state, q, *refs_, bk * tokens, tokens, offset * window, (offset + count) * window,
+                               block=seg.block, split=split, num_splits=num_splits)
+    capacity = sizes_ref[_REST_CAPACITY]
+    m, l, o = _dense_segment(state, q, rest_k, rest_v, bk * capacity, capacity, 0, rest_len_ref[b],
+                             block=rest_block, split=split, num_splits=num_splits)
+    m_ref[0], l_ref[0], o_ref[0] = m, l, o
+    phase = 1
   for seg, refs_ in zip(segments, seg_refs):
     if seg.bits == 16:
       continue
@@ -462,28 +472,51 @@ def quantized_decode(
     *,
     window_size: int,
     tokens_hint: int | None = None,
+    pool_tokens: tuple[int, ...] | None = None,
     config: DecodeConfig = DecodeConfig(),
     interpret: bool = False,
 ) -> Float[Array, "B K G H"]:
   """softmax(qg . K^T) V over a layer's pools and rest segment; qg is pre-scaled float32.
 
   A pool given as None is skipped (the layer has no window there).
-  `tokens_hint` (static) bounds the layer's tokens; it sets the split count.
+  `tokens_hint` (static) bounds the layer's tokens and `pool_tokens` its tokens
+  in each pool (default: the pools' sizes); they set the split counts.
   """
   b, kh, g, h = qg.shape
   gp = max(16, 1 << (g - 1).bit_length())
+  present = [i for i, kp in enumerate(k_pools) if kp is not None and kp.data.shape[2] > 0]
+  if pool_tokens is None:  # the most tokens a layer owns in each pool
+    pool_tokens = tuple(kp.data.shape[2] if kp is not None else 0 for kp in k_pools)
   if tokens_hint is None:
-    tokens_hint = rest_k.shape[2] + sum(p.data.shape[2] for p in k_pools if p is not None)
-  splits = num_splits(b, kh, tokens_hint, config)
+    tokens_hint = rest_k.shape[2] + sum(pool_tokens[i] for i in present)
   q = jnp.pad(qg.astype(jnp.float32), ((0, 0), (0, 0), (0, gp - g), (0, 0))).reshape(b * kh * gp, h)
+  launch = functools.partial(_launch, q, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+                             window_size=window_size, interpret=interpret)
+  int4 = [i for i in present if k_pools[i].bits == 4]
+  if config.int4_launch is not None and int4:
+    rest = [i for i in present if i not in int4]
+    parts = [launch(rest, True, tokens_hint - sum(pool_tokens[i] for i in int4), config),
+             launch(int4, False, sum(pool_tokens[i] for i in int4), config.int4_launch)]
+    o, m, l = (jnp.concatenate(x, axis=2) for x in zip(*parts))
+  else:
+    o, m, l = launch(present, True, tokens_hint, config)
+  return combine_splits(o, m, l)[:, :, :g]
+
+
+def _launch(q, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, pools: list[int], with_rest: bool,
+            tokens_hint: int, config: DecodeConfig, *, window_size: int, interpret: bool):
+  """One pallas_call over the pools at indices `pools` (and the rest segment, if `with_rest`):
+  partial softmaxes o [B, K, J * phases, Gp, H], m and l [B, K, J * phases, Gp]."""
+  b, kh = rest_k.shape[:2]
+  gp, h = q.shape[0] // (b * kh), q.shape[1]
+  splits = num_splits(b, kh, max(tokens_hint, 1), config)
 
   def rows(x):  # [B, K, n, ...] -> [B*K*n, ...]: a (request, head) is a run of rows
     return x.reshape(-1, x.shape[-1])
 
   segments, operands, tokens = [], [], [0, 0, 0]
-  for index, (kp, vp) in enumerate(zip(k_pools, v_pools)):
-    if kp is None or kp.data.shape[2] == 0:
-      continue
+  for index in pools:
+    kp, vp = k_pools[index], v_pools[index]
     tokens[index] = kp.data.shape[2]
     if kp.bits == 16:
       block = min(config.dense_tokens, _pow2_floor(tokens[index]))
@@ -492,14 +525,15 @@ def quantized_decode(
     segments.append(_Segment(index, kp.bits, vp.channel_group, block))
     arrays = [kp.data, vp.data] if kp.bits == 16 else [kp.data, kp.scale, kp.minimum, vp.data, vp.scale, vp.minimum]
     operands += [rows(x) for x in arrays]
-  operands += [rows(rest_k), rows(rest_v)]
+  if with_rest:
+    operands += [rows(rest_k), rows(rest_v)]
   sizes = np.array([splits, *tokens, rest_k.shape[2], 0, 0, 0], np.int32)
-  phases = 1 + sum(seg.bits != 16 for seg in segments)
+  phases = int(with_rest) + sum(seg.bits != 16 for seg in segments)
 
   n = b * kh * splits
   kernel = functools.partial(
       _kernel, segments=tuple(segments), kv_heads=kh, group=gp, window=window_size,
-      rest_block=min(config.dense_tokens, _pow2_floor(rest_k.shape[2])),
+      rest_block=min(config.dense_tokens, _pow2_floor(rest_k.shape[2])), with_rest=with_rest,
       cfg=dataclasses.replace(config, inline_asm=config.inline_asm and not interpret))
   # Whole arrays, indexed by element (not by block) so that no size becomes a constant of the code.
   whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
@@ -519,7 +553,7 @@ def quantized_decode(
       name="wq_quantized_decode",
   )(*inputs)
   shape = (b, kh, splits * phases, gp)  # each phase of each split is one partial softmax
-  return combine_splits(o.reshape(*shape, h), m.reshape(shape), l.reshape(shape))[:, :, :g]
+  return o.reshape(*shape, h), m.reshape(shape), l.reshape(shape)
 
 
 def combine_splits(o: Float[Array, "B K J G H"], m: Float[Array, "B K J G"], l: Float[Array, "B K J G"]):

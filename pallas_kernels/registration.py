@@ -27,7 +27,8 @@ def pallas_attention(qg: Float[Array, "B K G H"], layer: LayerCache) -> Float[Ar
   k_pools = tuple(_arrays(p, n) for p, n in zip(layer.k_pools, layer.slice_windows))
   v_pools = tuple(_arrays(p, n) for p, n in zip(layer.v_pools, layer.slice_windows))
   # The most tokens a layer can own: it sets the split count, so it must be static.
-  tokens = sum(layer.slice_windows) * layer.window_size + layer.rest_k.shape[2]
+  pool_tokens = tuple(n * layer.window_size for n in layer.slice_windows)
   return quantized_decode.quantized_decode(
       qg, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len,
-      window_size=layer.window_size, tokens_hint=tokens, interpret=jax.default_backend() == "cpu")
+      window_size=layer.window_size, tokens_hint=sum(pool_tokens) + layer.rest_k.shape[2],
+      pool_tokens=pool_tokens, interpret=jax.default_backend() == "cpu")

@@ -84,6 +84,9 @@ MANY_SPLITS = qd.DecodeConfig(tile_windows=1, dense_tokens=16, min_tokens_per_sp
 FACTORED = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split=64, factored=True)
 # INT4 pools stepping a window at a time beside INT2 pools stepping two.
 INT4_ONE = qd.DecodeConfig(tile_windows=2, int4_tile_windows=1, dense_tokens=32, min_tokens_per_split=64)
+# INT4 pools in a launch of their own, with other splits: the combine merges both launches' phases.
+INT4_APART = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split=64, int4_launch=qd.DecodeConfig(
+    num_warps=2, tile_windows=2, int4_tile_windows=None, min_tokens_per_split=16, round_to_waves=False))
 
 
 @pytest.mark.parametrize("batch,kv_heads,group,head_dim,value_group,config", [
@@ -95,6 +98,8 @@ INT4_ONE = qd.DecodeConfig(tile_windows=2, int4_tile_windows=1, dense_tokens=32,
     (2, 2, 7, 128, 0, FACTORED),
     (1, 2, 8, 64, 16, FACTORED),      # KIVI values stay dequantized per token
     (3, 2, 7, 128, 0, INT4_ONE),
+    (3, 2, 7, 128, 0, INT4_APART),
+    (1, 2, 8, 64, 16, INT4_APART),    # KIVI values in both launches
 ])
 def test_matches_dequantize_then_attend(batch, kv_heads, group, head_dim, value_group, config):
   check_case(batch * 10 + group, batch=batch, kv_heads=kv_heads, group=group, head_dim=head_dim,
