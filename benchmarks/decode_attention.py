@@ -253,7 +253,7 @@ VARIANTS = {
     "t1w2": qd.DecodeConfig(tile_windows=1, num_warps=2, programs_per_multiprocessor=8, **_AS_MEASURED),
     "t2w4i1": qd.DecodeConfig(tile_windows=2, int4_tile_windows=1, num_warps=4, programs_per_multiprocessor=3),
     # INT4 pools in a launch of their own at 2 warps (t2w2's tiling, which ran INT4 alone fastest)
-    "t2w4+i4w2": qd.DecodeConfig(int4_launch=qd.DecodeConfig(num_warps=2, tile_windows=2, int4_tile_windows=None,
+    "t2w4_i4w2": qd.DecodeConfig(int4_launch=qd.DecodeConfig(num_warps=2, tile_windows=2, int4_tile_windows=None,
                                                              programs_per_multiprocessor=6)),
 }
 # (batch, tokens) in the order a time-limited run measures them: the bars' configurations first.
