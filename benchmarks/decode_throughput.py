@@ -26,13 +26,16 @@ resets); the compiled loop's workspace (XLA's temp bytes); compile seconds.
 Methods: `wq_jax.methods`' baselines and the paper's Table 8 ablations, which are
 `WindowQuantConfig` switches (SPEC §5): A no fixed first window, B random bit widths (each layer's
 searched counts at random windows), C no reorder (the interleaved layout, whose one reader is
-XLA: C runs under "xla" only).
+XLA: C runs under "xla" only, whatever --attention asks, and is compared with fp16 under the
+attention asked for where fp16 did not run under "xla").
 
 --capacity: per method, the largest batch at the longest setting's frames and the most frames at
 batch 1 that fit in device memory, from measured bytes: the cache per request and per frame (the
 two video lengths' caches), the compiled loop's workspace per request, the device's free memory
-after the weights; the predicted batches of fp16 and windowquant are then allocated and decoded for
-one step. --sweeps: windowquant at batch 1 and the longest setting's frames, alpha in
+after the weights. Then, last (it drops the prefills' K/V and every cache it does not need), the
+largest batches of windowquant and fp16 that fit in what is free at that moment (3 % and 1 GB kept
+back) are tried: the decode step compiles on shapes alone (XLA's autotuner allocates trial buffers),
+the batch is built, and one step runs; the result says which phase failed, if one did. --sweeps: windowquant at batch 1 and the longest setting's frames, alpha in
 {0.5, 1, 2, 3, 4} (windows of 32) and window size in {8, 16, 32, 64, 128} (alpha 2). The weights
 are random, so window scores come from random embeddings: plans and their counts are not the real
 model's, only their costs are.
