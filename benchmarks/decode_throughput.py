@@ -35,10 +35,12 @@ two video lengths' caches), the compiled loop's workspace per request, the devic
 after the weights. Then, last (it drops the prefills' K/V and every cache it does not need), the
 largest batches of windowquant and fp16 that fit in what is free at that moment (3 % and 1 GB kept
 back) are tried: the decode step compiles on shapes alone (XLA's autotuner allocates trial buffers),
-the batch is built, and one step runs; the result says which phase failed, if one did. --sweeps: windowquant at batch 1 and the longest setting's frames, alpha in
-{0.5, 1, 2, 3, 4} (windows of 32) and window size in {8, 16, 32, 64, 128} (alpha 2). The weights
-are random, so window scores come from random embeddings: plans and their counts are not the real
-model's, only their costs are.
+the batch is built, and one step runs; the result says which phase failed, if one did.
+
+--sweeps: windowquant at batch 1 and the longest setting's frames, alpha in {0.5, 1, 2, 3, 4}
+(windows of 32) and window size in {8, 16, 32, 64, 128} (alpha 2). The weights are random, so
+window scores come from random embeddings: plans and their counts are not the real model's, only
+their costs are.
 
 Compilations: a prefill a video length, a cache build a (video length, method), a decode loop a
 (setting, method, attention). A setting's loops compile in parallel threads (`--compile-workers`),
@@ -408,6 +410,9 @@ def per_request(by_batch: dict[int, int]) -> tuple[float, float]:
   return max(0.0, by_batch[b2] - slope * b2), slope
 
 
+TRY_MARGIN, TRY_RESERVE = 0.97, 1e9  # of the room left when a capacity try starts
+
+
 def capacity_rows(model, prefills, built, workspace, args, device, report) -> None:
   """Predicted capacity per method at the longest video, then fp16's and windowquant's batches tried
   (after dropping from `built` every cache the tries do not read)."""
@@ -462,9 +467,6 @@ def capacity_rows(model, prefills, built, workspace, args, device, report) -> No
     gc.collect()
     print(f"capacity {row}", flush=True)
     report.write()
-
-
-TRY_MARGIN, TRY_RESERVE = 0.97, 1e9  # of the room left when a capacity try starts
 
 
 def try_batch(model, prefilled, b: Built, batch: int, attention: str, device: dict) -> str:
@@ -584,7 +586,7 @@ def main(argv=None) -> Report:
       report.plot()
     if args.sweeps and not budget.spent():
       sweep_rows(model, prefills[max(frames)], max(frames), args, budget, report)
-    if args.capacity:  # last (it drops the prefills' K/V and most caches), after the rows (it reads their workspaces)
+    if args.capacity:  # last: it drops the prefills' K/V and most caches (and it reads the rows' workspaces)
       capacity_rows(model, prefills, built, workspace, args, device, report)
     report.write()
   print(f"done in {time.perf_counter() - budget.start:.0f} s", flush=True)

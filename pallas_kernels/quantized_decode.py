@@ -80,11 +80,10 @@ class PoolArrays:
 class DecodeConfig:
   """Tiling knobs; the defaults were chosen on an H200 (benchmarks/decode_attention.py)."""
   tile_windows: int = 2  # quantized windows a loop step reads
-  # Own steps (None: tile_windows) for INT4 pools and for pools with per-token value scales (KIVI). At
-  # 2 windows the INT4 loop needs ~170 registers, and a warp's registers come in units of 8 a thread:
-  # 3 programs of 4 warps no longer fit an SM. At 1 window it needs 130-145; KIVI INT2 needs 146 at 2.
+  # INT4 pools' own step (None: tile_windows). At 2 windows the INT4 loop needs ~170 registers, and a
+  # warp's registers come in units of 8 a thread: 3 programs of 4 warps no longer fit an SM. At 1
+  # window it needs ~145 (KIVI's INT2 loop needs 146 at 2).
   int4_tile_windows: int | None = 1
-  token_values_tile_windows: int | None = None
   # INT4 pools in a launch of their own with this tiling (its num_warps, programs_per_multiprocessor,
   # tile_windows...); None: one launch for every segment. A second launch costs a few µs, so it pays
   # only where the INT4 windows are many (at 2 warps INT4 ran 1.6x faster than at 4, INT2 3x slower).
@@ -432,10 +431,9 @@ def _multiprocessors(cfg: DecodeConfig) -> int:
   return int(getattr(jax.devices()[0], "core_count", 0) or 132)  # CPU (interpret mode): an H200's count
 
 
-def _tile_windows(cfg: DecodeConfig, bits: int, value_group: int) -> int:
+def _tile_windows(cfg: DecodeConfig, bits: int) -> int:
   """Windows a step of a quantized pool reads."""
-  own = [cfg.int4_tile_windows if bits == 4 else None, cfg.token_values_tile_windows if value_group else None]
-  return min([t for t in own if t] or [cfg.tile_windows])
+  return cfg.int4_tile_windows if bits == 4 and cfg.int4_tile_windows else cfg.tile_windows
 
 
 def num_splits(batch: int, kv_heads: int, tokens: int, cfg: DecodeConfig) -> int:
@@ -494,8 +492,8 @@ def quantized_decode(
                              window_size=window_size, interpret=interpret)
   int4 = [i for i in present if k_pools[i].bits == 4]
   if config.int4_launch is not None and int4:
-    rest = [i for i in present if i not in int4]
-    parts = [launch(rest, True, tokens_hint - sum(pool_tokens[i] for i in int4), config),
+    others = [i for i in present if i not in int4]
+    parts = [launch(others, True, tokens_hint - sum(pool_tokens[i] for i in int4), config),
              launch(int4, False, sum(pool_tokens[i] for i in int4), config.int4_launch)]
     o, m, l = (jnp.concatenate(x, axis=2) for x in zip(*parts))
   else:
@@ -521,7 +519,7 @@ def _launch(q, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, pool
     if kp.bits == 16:
       block = min(config.dense_tokens, _pow2_floor(tokens[index]))
     else:
-      block = min(_tile_windows(config, kp.bits, vp.channel_group), _pow2_floor(tokens[index] // window_size))
+      block = min(_tile_windows(config, kp.bits), _pow2_floor(tokens[index] // window_size))
     segments.append(_Segment(index, kp.bits, vp.channel_group, block))
     arrays = [kp.data, vp.data] if kp.bits == 16 else [kp.data, kp.scale, kp.minimum, vp.data, vp.scale, vp.minimum]
     operands += [rows(x) for x in arrays]

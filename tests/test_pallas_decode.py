@@ -15,7 +15,7 @@ from wq_jax import attention, cache
 
 VISUAL_START = 5
 WINDOW = 16
-TILED = qd.DecodeConfig(tile_windows=2, int4_tile_windows=None, token_values_tile_windows=None, dense_tokens=32,
+TILED = qd.DecodeConfig(tile_windows=2, int4_tile_windows=None, dense_tokens=32,
                         min_tokens_per_split=64)  # every quantized pool two windows a step
 ONE_WINDOW = qd.DecodeConfig(tile_windows=1, dense_tokens=32, min_tokens_per_split=64)
 
@@ -147,12 +147,8 @@ def test_lowers_to_triton_for_cuda():
 
 def test_step_width_by_pool_kind():
   """By default INT2 pools step two windows and INT4 pools one (their two-window loop needs too many
-  registers for three 4-warp programs an SM); a width set for one kind applies to it alone."""
+  registers for three 4-warp programs an SM); without an INT4 width every pool takes tile_windows."""
   cfg = qd.DecodeConfig()
-  assert qd._tile_windows(cfg, 2, 0) == 2
-  assert qd._tile_windows(cfg, 4, 0) == 1
-  assert qd._tile_windows(cfg, 2, 32) == 2
-  assert qd._tile_windows(cfg, 4, 32) == 1
-  kivi_one = qd.DecodeConfig(int4_tile_windows=None, token_values_tile_windows=1)
-  assert qd._tile_windows(kivi_one, 2, 32) == 1 and qd._tile_windows(kivi_one, 2, 0) == 2
-  assert qd._tile_windows(TILED, 4, 32) == 2
+  assert qd._tile_windows(cfg, 2) == 2
+  assert qd._tile_windows(cfg, 4) == 1
+  assert qd._tile_windows(TILED, 4) == 2
