@@ -255,6 +255,11 @@ VARIANTS = {
     # INT4 pools in a launch of their own at 2 warps (t2w2's tiling, which ran INT4 alone fastest)
     "t2w4_i4w2": qd.DecodeConfig(int4_launch=qd.DecodeConfig(num_warps=2, tile_windows=2, int4_tile_windows=None,
                                                              programs_per_multiprocessor=6)),
+    # the same with the grid sized for the 4 programs that fit (224 registers at 2 warps, SASS of 2026-12-03)
+    "t2w4_i4w2p4": qd.DecodeConfig(int4_launch=qd.DecodeConfig(num_warps=2, tile_windows=2, int4_tile_windows=None,
+                                                               programs_per_multiprocessor=4)),
+    # 2 warps, one window a step for every pool (186 registers on the mix plan: 5 programs an SM)
+    "t1w2p5": qd.DecodeConfig(tile_windows=1, int4_tile_windows=None, num_warps=2, programs_per_multiprocessor=5),
 }
 # (batch, tokens) in the order a time-limited run measures them: the bars' configurations first.
 PRIORITY = [(8, 32768), (1, 1024), (60, 32768), (1, 32768), (8, 131072), (8, 1024), (60, 1024), (8, 8192),

@@ -32,8 +32,8 @@ f16x2 subtract and one f16x2 fma with the window's scale and minimum. The
 tiles then meet the tensor cores as in a high-precision step: one K dot per
 part, one softmax update, one P.V dot per part.
 
-INT4 pools can take a launch of their own (`DecodeConfig.int4_launch`), with
-their own warps and splits; the combine merges its phases with the others'.
+INT4 pools take a launch of their own by default (`DecodeConfig.int4_launch`),
+with their own warps and splits; the combine merges its phases with the others'.
 
 Every array is passed whole, as rows, and all sizes (tokens a pool holds, rest
 capacity, split count) are data, so the compiled kernel depends on head shapes
@@ -85,9 +85,11 @@ class DecodeConfig:
   # window it needs ~145 (KIVI's INT2 loop needs 146 at 2).
   int4_tile_windows: int | None = 1
   # INT4 pools in a launch of their own with this tiling (its num_warps, programs_per_multiprocessor,
-  # tile_windows...); None: one launch for every segment. A second launch costs a few µs, so it pays
-  # only where the INT4 windows are many (at 2 warps INT4 ran 1.6x faster than at 4, INT2 3x slower).
-  int4_launch: DecodeConfig | None = None
+  # tile_windows...); None: one launch for every segment. At 2 warps and 2 windows a step INT4 ran
+  # 116 µs at batch 8, 32k tokens, against 157 in the 4-warp launch (INT2 runs 3x slower at 2 warps),
+  # and the mixed plan 153 against 163 (H200, 2026-12-03).
+  int4_launch: DecodeConfig | None = dataclasses.field(default_factory=lambda: DecodeConfig(
+      num_warps=2, tile_windows=2, int4_tile_windows=None, programs_per_multiprocessor=6, int4_launch=None))
   dense_tokens: int = 64  # high-precision and rest tokens a loop step reads
   programs_per_multiprocessor: int = 3  # resident at once: 4 warps of <= 168 registers leave room for three
   multiprocessors: int | None = None  # None: the device's count (132 on an H200)
@@ -235,26 +237,20 @@ def _window_meta(s_ref, m_ref, first, tile, width, part, window):
   return per_token(s_ref[rows, cols]), per_token(m_ref[rows, cols])
 
 
-def _token_meta(s_ref, m_ref, rows, size, width, parts, group):
-  """Per-token scales and minimums of C-channel groups (KIVI values), as [T, width] halves for each part.
+def _token_meta(s_ref, m_ref, rows, size, width, part, group):
+  """Per-token scale and minimum of C-channel groups (KIVI values) for one part, as [T, width] halves.
 
-  Each step loads the [T, H/C] rows whole (contiguous, so vectorized) and picks a part's groups with a
-  masked sum: loading one part's column of groups instead costs a scalar load a token and part.
+  Loads only the part's column of groups. Loading the [T, H/C] rows whole and picking a part's groups
+  with a masked sum compiles to fewer instructions, but ran 10 % slower on an H200 (182 against 164 µs
+  on all-INT2 KIVI at batch 8, 32k tokens, 2026-12-03).
   """
-  n = max(1, width // group)  # groups in a part (a group wider than a part holds several parts)
+  n = max(1, width // group)  # groups in a part
+  cols = pl.ds(part * width // group, n)  # the part's groups, or the one group holding the part
 
-  def for_part(x, part):  # x [T, H/C] -> [T, width]
-    if width >= group:  # the part's n groups: [T, P, n] summed over P under a one-hot mask
-      x = x.reshape(size, parts, n)
-      pick = lax.broadcasted_iota(jnp.int32, x.shape, 1) == part
-    else:  # the one group holding the part
-      x = x[:, :, None]
-      pick = lax.broadcasted_iota(jnp.int32, x.shape, 1) == part * width // group
-    x = jnp.sum(jnp.where(pick, x, 0), axis=1)
+  def per_channel(x):
     return jnp.broadcast_to(x.astype(jnp.float16)[:, :, None], (size, n, width // n)).reshape(size, width)
 
-  s_all, m_all = s_ref[rows, :].astype(jnp.float32), m_ref[rows, :].astype(jnp.float32)
-  return [(for_part(s_all, k), for_part(m_all, k)) for k in range(parts)]
+  return per_channel(s_ref[rows, cols]), per_channel(m_ref[rows, cols])
 
 
 def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, split, num_splits,
@@ -288,7 +284,7 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
     s = jnp.where((win >= start) & (win < offset + count), s, -jnp.inf)
     m, l, corr, p = _online_softmax(m, l, s)
     if seg.value_group:
-      v_meta = _token_meta(vs_ref, vm_ref, rows, size, width, parts, seg.value_group)
+      v_meta = [_token_meta(vs_ref, vm_ref, rows, size, width, k, seg.value_group) for k in range(parts)]
     else:
       v_meta = [_window_meta(vs_ref, vm_ref, meta, tile, width, k, window) for k in range(parts)]
     values = dequantize(v_ref[rows, :], [s for s, _ in v_meta], [mn for _, mn in v_meta])
@@ -349,7 +345,7 @@ def _factored_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, 
       rows = pl.ds(bk * tokens + win * window, window)
       codes = v_ref[rows, :]
       if seg.value_group:
-        metas = _token_meta(vs_ref, vm_ref, rows, window, width, parts, seg.value_group)
+        metas = [_token_meta(vs_ref, vm_ref, rows, window, width, k, seg.value_group) for k in range(parts)]
         values = _dequantize(codes, [x for x, _ in metas], [y for _, y in metas], bits=seg.bits,
                              inline_asm=inline_asm)
         accs = [acc + _dot(p, v) for acc, v in zip(accs, values)]

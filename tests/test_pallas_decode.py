@@ -15,9 +15,10 @@ from wq_jax import attention, cache
 
 VISUAL_START = 5
 WINDOW = 16
+ONE_LAUNCH = dict(int4_launch=None)  # every pool in one pallas_call (by default INT4 pools take their own)
 TILED = qd.DecodeConfig(tile_windows=2, int4_tile_windows=None, dense_tokens=32,
-                        min_tokens_per_split=64)  # every quantized pool two windows a step
-ONE_WINDOW = qd.DecodeConfig(tile_windows=1, dense_tokens=32, min_tokens_per_split=64)
+                        min_tokens_per_split=64, **ONE_LAUNCH)  # every quantized pool two windows a step
+ONE_WINDOW = qd.DecodeConfig(tile_windows=1, dense_tokens=32, min_tokens_per_split=64, **ONE_LAUNCH)
 
 
 def make_cache(seed, *, batch, kv_heads, head_dim, windows, value_group=0, dtype=jnp.float32):
@@ -79,11 +80,12 @@ def check_case(seed, *, batch, kv_heads, group, head_dim, windows=7, value_group
 
 # More splits than steps: most programs see nothing, and their (m, l, o) must not disturb the sum.
 MANY_SPLITS = qd.DecodeConfig(tile_windows=1, dense_tokens=16, min_tokens_per_split=1, multiprocessors=64,
-                              round_to_waves=False)
+                              round_to_waves=False, **ONE_LAUNCH)
 # Scales folded into q and into the P.V sums instead of dequantizing each code (an option).
-FACTORED = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split=64, factored=True)
+FACTORED = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split=64, factored=True, **ONE_LAUNCH)
 # INT4 pools stepping a window at a time beside INT2 pools stepping two.
-INT4_ONE = qd.DecodeConfig(tile_windows=2, int4_tile_windows=1, dense_tokens=32, min_tokens_per_split=64)
+INT4_ONE = qd.DecodeConfig(tile_windows=2, int4_tile_windows=1, dense_tokens=32, min_tokens_per_split=64,
+                           **ONE_LAUNCH)
 # INT4 pools in a launch of their own, with other splits: the combine merges both launches' phases.
 INT4_APART = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split=64, int4_launch=qd.DecodeConfig(
     num_warps=2, tile_windows=2, int4_tile_windows=None, min_tokens_per_split=16, round_to_waves=False))
@@ -146,9 +148,12 @@ def test_lowers_to_triton_for_cuda():
 
 
 def test_step_width_by_pool_kind():
-  """By default INT2 pools step two windows and INT4 pools one (their two-window loop needs too many
-  registers for three 4-warp programs an SM); without an INT4 width every pool takes tile_windows."""
+  """By default INT4 pools run in a 2-warp launch of their own, two windows a step; sharing the 4-warp
+  launch they step one (their two-window loop needs too many registers for three programs an SM);
+  without an INT4 width every pool takes tile_windows."""
   cfg = qd.DecodeConfig()
   assert qd._tile_windows(cfg, 2) == 2
-  assert qd._tile_windows(cfg, 4) == 1
+  assert cfg.int4_launch.num_warps == 2 and qd._tile_windows(cfg.int4_launch, 4) == 2
+  assert cfg.int4_launch.int4_launch is None
+  assert qd._tile_windows(INT4_ONE, 4) == 1
   assert qd._tile_windows(TILED, 4) == 2
