@@ -101,7 +101,7 @@ def bench(fn, inputs, queries, repeats=7):
   compiled = many.lower(inputs, queries).compile()
   compile_s = time.perf_counter() - t0
   outs = jax.block_until_ready(compiled(inputs, queries))
-  finite = all(bool(jnp.isfinite(o).all()) for o in outs[:2])
+  finite = all(bool(jnp.isfinite(x).all()) for o in outs[:2] for x in jax.tree.leaves(o))
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
@@ -193,6 +193,55 @@ def measure_cudnn(batch, tokens, *, key):
                 cudnn_TBps=nbytes / t / 1e12)
   except Exception as e:
     return dict(cudnn_error=repr(e)[:300], cudnn_bytes=nbytes)
+
+
+def breakdown(batch, tokens, plan, *, key):
+  """Where a small call's time goes: the whole path, its pallas_calls alone, the combine alone, a
+  one-kernel call (the per-call floor of this timing), and cudnn, each timed as in `measure`."""
+  c0 = synthetic_cache(key, batch, tokens, plan)
+  inner = inner_calls(c0.nbytes)
+  caches = [(c,) for c in [c0] + copies(lambda i: jax.tree.map(lambda x: x + 0 if x.dtype != jnp.uint8 else x, c0),
+                                        c0.nbytes, inner)[1:]]
+  qs = queries(jax.random.fold_in(key, 1), batch, inner)
+  default = qd.DecodeConfig()
+
+  def kernels_only(config):  # quantized_decode up to its launches: partial softmaxes, no combine
+    def run(q, c):
+      layer = c.layer(0)
+      b, n, h = q.shape
+      qg = (q.astype(jnp.float32) * h ** -0.5).reshape(b, KV_HEADS, n // KV_HEADS, h)
+      q2 = jnp.pad(qg, ((0, 0), (0, 0), (0, 16 - qg.shape[2]), (0, 0))).reshape(-1, h)
+      k_pools, v_pools = [tuple(registration._arrays(p, w) for p, w in zip(ps, layer.slice_windows))
+                          for ps in (layer.k_pools, layer.v_pools)]
+      present = [i for i, kp in enumerate(k_pools) if kp is not None]
+      launch = lambda pools, rest, cfg: qd._launch(
+          q2, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len, pools,
+          rest, tokens, cfg, window_size=WINDOW, interpret=jax.default_backend() == "cpu")
+      int4 = [i for i in present if k_pools[i].bits == 4] if config.int4_launch else []
+      outs = [launch([i for i in present if i not in int4], True, config)]
+      if int4:
+        outs.append(launch(int4, False, config.int4_launch))
+      return outs
+    return run
+
+  o, m, l = kernels_only(default)(qs[0], c0)[0]
+  parts = {
+      "whole path (default: INT4 launch apart)": (pallas_fn(default), caches),
+      "whole path, one launch": (pallas_fn(dataclasses.replace(default, int4_launch=None)), caches),
+      "pallas_calls only (default)": (kernels_only(default), caches),
+      "pallas_call only (one launch)": (kernels_only(dataclasses.replace(default, int4_launch=None)), caches),
+      "combine only": (lambda q, o, m, l: qd.combine_splits(o + q[0, 0, 0].astype(jnp.float32), m, l),
+                       [(o, m, l)]),
+      "one tiny kernel (per-call floor)": (lambda q, c: q * 2, caches),
+  }
+  rows = {}
+  for name, (fn, inputs) in parts.items():
+    t, _, _, _ = bench(fn, inputs, qs)
+    rows[name] = t
+    print(f"breakdown B={batch} T={tokens} {plan}: {name}: {t * 1e6:.1f} us", flush=True)
+  rows["cudnn"] = measure_cudnn(batch, tokens, key=key).get("cudnn_s", float("nan"))
+  print(f"breakdown B={batch} T={tokens}: cudnn {rows['cudnn'] * 1e6:.1f} us", flush=True)
+  return dict(batch=batch, tokens=tokens, plan=plan, inner=inner, seconds=rows)
 
 
 def correctness_checks():
@@ -301,6 +350,10 @@ def markdown(report) -> str:
       lines.append(f"| {name} | {r['plan']} | {r.get('splits', '-')} | {r['pallas_s'] * 1e6:.1f} | "
                    f"{r['pallas_TBps']:.2f} | {r.get('pallas_vs_xla_rel_err', float('nan')):.1e} | "
                    f"{r['pallas_compile_s']:.1f} |")
+  for b in report.get("breakdown", []):
+    lines += ["", f"## Parts of a call: batch {b['batch']}, {b['tokens']} tokens, plan {b['plan']} "
+              f"({b['inner']} calls a timed dispatch)", "", "| part | µs a call |", "| --- | ---: |"]
+    lines += [f"| {name} | {t * 1e6:.1f} |" for name, t in b["seconds"].items()]
   return "\n".join(lines) + "\n"
 
 
@@ -340,6 +393,7 @@ def main(argv=None):
   ap.add_argument("--variant-plans", default="mix", help="plans each variant is timed on (the first picks the best)")
   ap.add_argument("--check", action="store_true", help="run the correctness checks")
   ap.add_argument("--no-sweep", action="store_true")
+  ap.add_argument("--breakdown", action="store_true", help="time the parts of a batch-1 call at 1k tokens")
   ap.add_argument("--budget-s", type=float, default=1e9, help="stop the sweep after this many seconds")
   ap.add_argument("--out", default="benchmarks/results")
   ap.add_argument("--tag", default="decode_attention")
@@ -349,7 +403,7 @@ def main(argv=None):
   report = dict(command="PYTHONPATH=. python " + " ".join(sys.argv),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=f"{device.device_kind} ({device.platform})", jax=jax.__version__, host=platform.node(),
-                results=[], variants={}, checks=[], skipped=[])
+                results=[], variants={}, checks=[], skipped=[], breakdown=[])
   report["copy"] = copy_bandwidth() if device.platform == "gpu" else {"jnp_elementwise_TBps": float("nan")}
   print("copy", report["copy"], flush=True)
   os.makedirs(args.out, exist_ok=True)
@@ -364,6 +418,9 @@ def main(argv=None):
     report["checks"] = correctness_checks()
     save()
   key = jax.random.PRNGKey(0)
+  if args.breakdown:
+    report["breakdown"] = [breakdown(1, 1024, plan, key=key) for plan in ("mix", "fp16")]
+    save()
   best = None
   variant_plans = args.variant_plans.split(",")
   for name in filter(None, args.variants.split(",")):

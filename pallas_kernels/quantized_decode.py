@@ -164,19 +164,19 @@ def _dense_segment(state, q, k_ref, v_ref, base, size, t_lo, t_hi, *, block, spl
 def _dequant_asm(bits: int, part: int) -> str:
   """PTX: 4 bytes of codes -> 4 halves s * code + m of one part (two f16x2 registers, in order).
 
-  A code becomes a half by OR-ing it into the bits of 1024.0 (exact for codes
-  < 1024) and subtracting 1024; one f16x2 fma applies scale and minimum. The
-  byte permutes put bytes (0, 1) and (2, 3) in the low bytes of two halves,
-  so output element e comes from input byte e whatever the register layout.
-  Operands: $0 $1 out, $2 codes, $3 $4 scales, $5 $6 minimums.
+  The byte permutes put bytes (0, 1) and (2, 3) in the low bytes of two
+  halves, so output element e comes from input byte e whatever the register
+  layout. The part's bits, masked in place (no shift) and OR-ed into the bits
+  of 1024.0, make the half 1024 + c 2^(part bits) exactly; subtracting 1024
+  leaves c 2^(part bits), and one f16x2 fma with the scale divided by
+  2^(part bits) (`_dequantize` divides it) and the minimum gives s c + m.
+  Operands: $0 $1 out, $2 codes, $3 $4 scales / 2^(part bits), $5 $6 minimums.
   """
-  mask = (1 << bits) - 1
+  mask = ((1 << bits) - 1) << (part * bits)
   lines = ["{", ".reg .b32 t, magic;", "mov.b32 magic, 0x64006400;"]
   for half, select in enumerate(("0x3120", "0x1302")):
-    lines.append(f"prmt.b32 t, $2, $2, {select};")
-    if part:
-      lines.append(f"shr.b32 t, t, {part * bits};")
-    lines += [f"lop3.b32 t, t, {mask | mask << 16:#010x}, 0x64006400, 0xea;",  # (a & b) | c
+    lines += [f"prmt.b32 t, $2, $2, {select};",
+              f"lop3.b32 t, t, {mask | mask << 16:#010x}, 0x64006400, 0xea;",  # (a & b) | c
               "sub.f16x2 t, t, magic;",
               f"fma.rn.f16x2 ${half}, t, ${3 + half}, ${5 + half};"]
   return "\n".join(lines + ["}"])
@@ -191,9 +191,10 @@ def _dequantize(codes, scales, minimums, *, bits: int, inline_asm: bool):
   mask = (1 << bits) - 1
   out = []
   for k, (s, m) in enumerate(zip(scales, minimums)):
-    if inline_asm:
+    if inline_asm:  # the code stays shifted by k*bits; an exact power-of-two scaling of s undoes it
       out += plgpu.elementwise_inline_asm(
-          _dequant_asm(bits, k), args=[codes, s, m], constraints="=r,=r,r,r,r,r,r", pack=4,
+          _dequant_asm(bits, k), args=[codes, s * jnp.float16(2.0 ** (-k * bits)), m],
+          constraints="=r,=r,r,r,r,r,r", pack=4,
           result_shape_dtypes=[jax.ShapeDtypeStruct(codes.shape, jnp.float16)])
     else:
       out.append(((codes >> jnp.uint8(k * bits)) & jnp.uint8(mask)).astype(jnp.float16) * s + m)
