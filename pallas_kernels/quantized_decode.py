@@ -26,9 +26,10 @@ and dequantizes them in registers into P half-precision tiles, part k holding
 channels [k H/P, (k + 1) H/P): the "split" packing makes every part a plain
 shift and mask of the same bytes, and a block of columns of q (keys) or of the
 output (values), so no register shuffles are needed. On the GPU one PTX
-snippet per part turns four bytes into four halves with a byte permute, a
-mask OR-ed into the bits of 1024.0 (code c becomes 1024 + c exactly), one
-f16x2 subtract and one f16x2 fma with the window's scale and minimum. The
+snippet per part turns four bytes into four halves with a byte permute, the
+part's bits masked in place and OR-ed into the bits of 1024.0 (code c of part
+k becomes 1024 + c 2^(k bits) exactly), one f16x2 subtract and one f16x2 fma
+with the window's minimum and its scale divided by 2^(k bits). The
 tiles then meet the tensor cores as in a high-precision step: one K dot per
 part, one softmax update, one P.V dot per part.
 
