@@ -110,6 +110,39 @@ def bench(fn, inputs, queries, repeats=7):
   return float(np.median(times)) / inner, compile_s, finite, outs[0]
 
 
+def device_time(fn, inputs, queries):
+  """GPU time a call, from a profile of one dispatch of `len(queries)` calls: the kernels' summed
+  durations, and the span from the first kernel's start to the last one's end (gaps included), each
+  divided by the calls, with the kernels' names and shares. None where the profile has no GPU plane.
+
+  At small sizes `bench` measures the host's dispatch of the jit (tens of µs a call), not the GPU.
+  """
+  import glob
+  import tempfile
+  inner = len(queries)
+  compiled = jax.jit(lambda ins, qs: [fn(qs[i], *ins[i % len(ins)]) for i in range(inner)]).lower(
+      inputs, queries).compile()
+  jax.block_until_ready(compiled(inputs, queries))
+  with tempfile.TemporaryDirectory() as tmp:
+    with jax.profiler.trace(tmp):
+      jax.block_until_ready(compiled(inputs, queries))
+    files = glob.glob(os.path.join(tmp, "**", "*.xplane.pb"), recursive=True)
+    if not files:
+      return None
+    data = jax.profiler.ProfileData.from_file(files[0])
+  events = [e for plane in data.planes if plane.name.startswith("/device:GPU")
+            for line in plane.lines if "stream" in line.name.lower() for e in line.events]
+  if not events:
+    return None
+  kernels = {}
+  for e in events:
+    kernels[e.name] = kernels.get(e.name, 0.0) + e.duration_ns
+  span = max(e.end_ns for e in events) - min(e.start_ns for e in events)
+  top = sorted(kernels.items(), key=lambda kv: -kv[1])[:6]
+  return dict(kernel_s=sum(kernels.values()) * 1e-9 / inner, span_s=span * 1e-9 / inner,
+              kernels_a_call=len(events) / inner, top={name[:80]: ns * 1e-9 / inner for name, ns in top})
+
+
 def inner_calls(nbytes: int) -> int:
   """Calls per timed dispatch: about 2 ms of work, at least 1, at most 32."""
   est = nbytes / 3e12 + 5e-6
@@ -234,14 +267,18 @@ def breakdown(batch, tokens, plan, *, key):
                        [(o, m, l)]),
       "one tiny kernel (per-call floor)": (lambda q, c: q * 2, caches),
   }
-  rows = {}
+  rows, profiles = {}, {}
   for name, (fn, inputs) in parts.items():
     t, _, _, _ = bench(fn, inputs, qs)
     rows[name] = t
-    print(f"breakdown B={batch} T={tokens} {plan}: {name}: {t * 1e6:.1f} us", flush=True)
+    try:
+      profiles[name] = device_time(fn, inputs, qs)
+    except Exception as e:  # the profile is extra information; the timing above stands without it
+      profiles[name] = dict(error=repr(e)[:200])
+    print(f"breakdown B={batch} T={tokens} {plan}: {name}: {t * 1e6:.1f} us; device {profiles[name]}", flush=True)
   rows["cudnn"] = measure_cudnn(batch, tokens, key=key).get("cudnn_s", float("nan"))
   print(f"breakdown B={batch} T={tokens}: cudnn {rows['cudnn'] * 1e6:.1f} us", flush=True)
-  return dict(batch=batch, tokens=tokens, plan=plan, inner=inner, seconds=rows)
+  return dict(batch=batch, tokens=tokens, plan=plan, inner=inner, seconds=rows, device=profiles)
 
 
 def correctness_checks():
@@ -352,8 +389,14 @@ def markdown(report) -> str:
                    f"{r['pallas_compile_s']:.1f} |")
   for b in report.get("breakdown", []):
     lines += ["", f"## Parts of a call: batch {b['batch']}, {b['tokens']} tokens, plan {b['plan']} "
-              f"({b['inner']} calls a timed dispatch)", "", "| part | µs a call |", "| --- | ---: |"]
-    lines += [f"| {name} | {t * 1e6:.1f} |" for name, t in b["seconds"].items()]
+              f"({b['inner']} calls a timed dispatch)", "",
+              "| part | µs a call (wall) | GPU kernels µs a call | GPU span µs a call | kernels a call |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    for name, t in b["seconds"].items():
+      d = (b.get("device") or {}).get(name) or {}
+      gpu = (f"{d['kernel_s'] * 1e6:.1f} | {d['span_s'] * 1e6:.1f} | {d['kernels_a_call']:.1f}" if "kernel_s" in d
+             else "- | - | -")
+      lines.append(f"| {name} | {t * 1e6:.1f} | {gpu} |")
   return "\n".join(lines) + "\n"
 
 
