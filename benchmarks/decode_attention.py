@@ -237,6 +237,8 @@ def breakdown(batch, tokens, plan, *, key):
                                         c0.nbytes, inner)[1:]]
   qs = queries(jax.random.fold_in(key, 1), batch, inner)
   default = qd.DecodeConfig()
+  apart = dataclasses.replace(default, int4_launch_min_tokens=0)
+  one = dataclasses.replace(default, int4_launch=None)
 
   def kernels_only(config):  # quantized_decode up to its launches: partial softmaxes, no combine
     def run(q, c):
@@ -250,7 +252,9 @@ def breakdown(batch, tokens, plan, *, key):
       launch = lambda pools, rest, cfg: qd._launch(
           q2, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len, pools,
           rest, tokens, cfg, window_size=WINDOW, interpret=jax.default_backend() == "cpu")
-      int4 = [i for i in present if k_pools[i].bits == 4] if config.int4_launch else []
+      int4 = [i for i in present if k_pools[i].bits == 4]
+      if not qd.int4_launch_pays(config, batch * KV_HEADS * sum(k_pools[i].data.shape[2] for i in int4)):
+        int4 = []
       outs = [launch([i for i in present if i not in int4], True, config)]
       if int4:
         outs.append(launch(int4, False, config.int4_launch))
@@ -259,10 +263,10 @@ def breakdown(batch, tokens, plan, *, key):
 
   o, m, l = kernels_only(default)(qs[0], c0)[0]
   parts = {
-      "whole path (default: INT4 launch apart)": (pallas_fn(default), caches),
-      "whole path, one launch": (pallas_fn(dataclasses.replace(default, int4_launch=None)), caches),
-      "pallas_calls only (default)": (kernels_only(default), caches),
-      "pallas_call only (one launch)": (kernels_only(dataclasses.replace(default, int4_launch=None)), caches),
+      "whole path, INT4 pools in a launch of their own": (pallas_fn(apart), caches),
+      "whole path, one launch": (pallas_fn(one), caches),
+      "pallas_calls only, INT4 apart": (kernels_only(apart), caches),
+      "pallas_call only, one launch": (kernels_only(one), caches),
       "combine only": (lambda q, o, m, l: qd.combine_splits(o + q[0, 0, 0].astype(jnp.float32), m, l),
                        [(o, m, l)]),
       "one tiny kernel (per-call floor)": (lambda q, c: q * 2, caches),
@@ -318,7 +322,7 @@ def correctness_checks():
 # Tilings as measured: t quantized windows a step, w warps a program, p resident programs an SM (for the
 # split count), s pipeline stages, f factored form; INT4 pools take their own step (1) only in t2w4i1
 # (the default). Since 2026-12-03 all of them read KIVI's value scales a whole row at a time.
-_AS_MEASURED = dict(int4_tile_windows=None)
+_AS_MEASURED = dict(int4_tile_windows=None, int4_launch=None)
 VARIANTS = {
     "v3_run3": qd.DecodeConfig(num_warps=8, programs_per_multiprocessor=4, round_to_waves=False, **_AS_MEASURED),
     "t2w8": qd.DecodeConfig(tile_windows=2, num_warps=8, programs_per_multiprocessor=1, **_AS_MEASURED),
@@ -337,15 +341,17 @@ VARIANTS = {
     "t1w4": qd.DecodeConfig(tile_windows=1, num_warps=4, programs_per_multiprocessor=4, **_AS_MEASURED),
     "t2w2": qd.DecodeConfig(tile_windows=2, num_warps=2, programs_per_multiprocessor=6, **_AS_MEASURED),
     "t1w2": qd.DecodeConfig(tile_windows=1, num_warps=2, programs_per_multiprocessor=8, **_AS_MEASURED),
-    "t2w4i1": qd.DecodeConfig(tile_windows=2, int4_tile_windows=1, num_warps=4, programs_per_multiprocessor=3),
+    "t2w4i1": qd.DecodeConfig(tile_windows=2, int4_tile_windows=1, num_warps=4, programs_per_multiprocessor=3,
+                              int4_launch=None),
     # INT4 pools in a launch of their own at 2 warps (t2w2's tiling, which ran INT4 alone fastest)
-    "t2w4_i4w2": qd.DecodeConfig(int4_launch=qd.DecodeConfig(num_warps=2, tile_windows=2, int4_tile_windows=None,
-                                                             programs_per_multiprocessor=6)),
+    "t2w4_i4w2": qd.DecodeConfig(int4_launch_min_tokens=0, int4_launch=qd.DecodeConfig(
+        num_warps=2, tile_windows=2, int4_tile_windows=None, programs_per_multiprocessor=6)),
     # the same with the grid sized for the 4 programs that fit (224 registers at 2 warps, SASS of 2026-12-03)
-    "t2w4_i4w2p4": qd.DecodeConfig(int4_launch=qd.DecodeConfig(num_warps=2, tile_windows=2, int4_tile_windows=None,
-                                                               programs_per_multiprocessor=4)),
+    "t2w4_i4w2p4": qd.DecodeConfig(int4_launch_min_tokens=0, int4_launch=qd.DecodeConfig(
+        num_warps=2, tile_windows=2, int4_tile_windows=None, programs_per_multiprocessor=4)),
     # 2 warps, one window a step for every pool (186 registers on the mix plan: 5 programs an SM)
-    "t1w2p5": qd.DecodeConfig(tile_windows=1, int4_tile_windows=None, num_warps=2, programs_per_multiprocessor=5),
+    "t1w2p5": qd.DecodeConfig(tile_windows=1, int4_tile_windows=None, num_warps=2, programs_per_multiprocessor=5,
+                              int4_launch=None),
 }
 # (batch, tokens) in the order a time-limited run measures them: the bars' configurations first.
 PRIORITY = [(8, 32768), (1, 1024), (60, 32768), (1, 32768), (8, 131072), (8, 1024), (60, 1024), (8, 8192),

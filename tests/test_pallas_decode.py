@@ -87,8 +87,9 @@ FACTORED = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split
 INT4_ONE = qd.DecodeConfig(tile_windows=2, int4_tile_windows=1, dense_tokens=32, min_tokens_per_split=64,
                            **ONE_LAUNCH)
 # INT4 pools in a launch of their own, with other splits: the combine merges both launches' phases.
-INT4_APART = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split=64, int4_launch=qd.DecodeConfig(
-    num_warps=2, tile_windows=2, int4_tile_windows=None, min_tokens_per_split=16, round_to_waves=False))
+INT4_APART = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_split=64, int4_launch_min_tokens=0,
+                             int4_launch=qd.DecodeConfig(num_warps=2, tile_windows=2, int4_tile_windows=None,
+                                                         min_tokens_per_split=16, round_to_waves=False))
 
 
 @pytest.mark.parametrize("batch,kv_heads,group,head_dim,value_group,config", [
@@ -157,3 +158,24 @@ def test_step_width_by_pool_kind():
   assert cfg.int4_launch.int4_launch is None
   assert qd._tile_windows(INT4_ONE, 4) == 1
   assert qd._tile_windows(TILED, 4) == 2
+
+
+def test_int4_launch_only_where_it_pays():
+  """By default INT4 pools take a launch of their own only with enough INT4 tokens to fill it: a small
+  call stays one pallas_call (a second launch cost more GPU time than it saved at batch 1 x 1k)."""
+  cfg = qd.DecodeConfig()
+  assert not qd.int4_launch_pays(cfg, 1 * 4 * 352)  # batch 1, 1k tokens, 35 % INT4
+  assert qd.int4_launch_pays(cfg, 8 * 4 * 11_456)  # batch 8, 32k tokens
+  assert not qd.int4_launch_pays(qd.DecodeConfig(int4_launch=None), 1 << 30)
+  c = make_cache(16, batch=1, kv_heads=2, head_dim=64, windows=8)
+  qg = jax.random.normal(jax.random.PRNGKey(17), (1, 2, 7, 64))
+  layer = c.layer(1)  # INT4 and INT2 windows only
+
+  def launches(config):
+    jaxpr = jax.make_jaxpr(lambda qg, layer: qd.quantized_decode(
+        qg, *pool_arrays(layer), layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len,
+        window_size=WINDOW, config=config, interpret=True))(qg, layer)
+    return str(jaxpr).count("pallas_call")
+
+  assert launches(cfg) == 1
+  assert launches(INT4_APART) == 2
