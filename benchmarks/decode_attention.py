@@ -93,13 +93,21 @@ def copies(make, nbytes: int, inner: int):
 # ----------------------------------------------------------------------------- timing
 
 
-def bench(fn, inputs, queries, repeats=7):
-  """Median seconds a call of fn(q, *inputs[i]) takes, from `len(queries)` calls in one jit."""
+def compile_calls(fn, inputs, queries):
+  """fn(q, *inputs[i]) for each of the queries, in one compiled jit; and the seconds it took to compile."""
   inner = len(queries)
   many = jax.jit(lambda ins, qs: [fn(qs[i], *ins[i % len(ins)]) for i in range(inner)])
   t0 = time.perf_counter()
   compiled = many.lower(inputs, queries).compile()
-  compile_s = time.perf_counter() - t0
+  return compiled, time.perf_counter() - t0
+
+
+def bench(fn, inputs, queries, repeats=7, compiled=None):
+  """Median seconds a call of fn(q, *inputs[i]) takes, from `len(queries)` calls in one jit."""
+  inner = len(queries)
+  compile_s = 0.0
+  if compiled is None:
+    compiled, compile_s = compile_calls(fn, inputs, queries)
   outs = jax.block_until_ready(compiled(inputs, queries))
   finite = all(bool(jnp.isfinite(x).all()) for o in outs[:2] for x in jax.tree.leaves(o))
   times = []
@@ -110,19 +118,17 @@ def bench(fn, inputs, queries, repeats=7):
   return float(np.median(times)) / inner, compile_s, finite, outs[0]
 
 
-def device_time(fn, inputs, queries):
+def device_time(compiled, inputs, queries):
   """GPU time a call, from a profile of one dispatch of `len(queries)` calls: the kernels' summed
   durations, and the span from the first kernel's start to the last one's end (gaps included), each
   divided by the calls, with the kernels' names and shares. None where the profile has no GPU plane.
 
   At small sizes `bench` measures the host's dispatch of the jit (tens of µs a call), not the GPU.
+  `compiled` comes from `compile_calls`, and has run before (no compilation inside the trace).
   """
   import glob
   import tempfile
   inner = len(queries)
-  compiled = jax.jit(lambda ins, qs: [fn(qs[i], *ins[i % len(ins)]) for i in range(inner)]).lower(
-      inputs, queries).compile()
-  jax.block_until_ready(compiled(inputs, queries))
   with tempfile.TemporaryDirectory() as tmp:
     with jax.profiler.trace(tmp):
       jax.block_until_ready(compiled(inputs, queries))
@@ -240,43 +246,35 @@ def breakdown(batch, tokens, plan, *, key):
   apart = dataclasses.replace(default, int4_launch_min_tokens=0)
   one = dataclasses.replace(default, int4_launch=None)
 
-  def kernels_only(config):  # quantized_decode up to its launches: partial softmaxes, no combine
+  def kernels_only(config):  # the launches without the combine
     def run(q, c):
       layer = c.layer(0)
       b, n, h = q.shape
       qg = (q.astype(jnp.float32) * h ** -0.5).reshape(b, KV_HEADS, n // KV_HEADS, h)
-      q2 = jnp.pad(qg, ((0, 0), (0, 0), (0, 16 - qg.shape[2]), (0, 0))).reshape(-1, h)
       k_pools, v_pools = [tuple(registration._arrays(p, w) for p, w in zip(ps, layer.slice_windows))
                           for ps in (layer.k_pools, layer.v_pools)]
-      present = [i for i, kp in enumerate(k_pools) if kp is not None]
-      launch = lambda pools, rest, cfg: qd._launch(
-          q2, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len, pools,
-          rest, tokens, cfg, window_size=WINDOW, interpret=jax.default_backend() == "cpu")
-      int4 = [i for i in present if k_pools[i].bits == 4]
-      if not qd.int4_launch_pays(config, batch * KV_HEADS * sum(k_pools[i].data.shape[2] for i in int4)):
-        int4 = []
-      outs = [launch([i for i in present if i not in int4], True, config)]
-      if int4:
-        outs.append(launch(int4, False, config.int4_launch))
-      return outs
+      return qd.partial_softmaxes(qg, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v,
+                                  layer.rest_len, window_size=WINDOW, config=config,
+                                  interpret=jax.default_backend() == "cpu")
     return run
 
-  o, m, l = kernels_only(default)(qs[0], c0)[0]
+  o, m, l = kernels_only(default)(qs[0], c0)
   parts = {
       "whole path, INT4 pools in a launch of their own": (pallas_fn(apart), caches),
       "whole path, one launch": (pallas_fn(one), caches),
-      "pallas_calls only, INT4 apart": (kernels_only(apart), caches),
-      "pallas_call only, one launch": (kernels_only(one), caches),
+      "launches without the combine, INT4 apart": (kernels_only(apart), caches),
+      "launch without the combine, one launch": (kernels_only(one), caches),
       "combine only": (lambda q, o, m, l: qd.combine_splits(o + q[0, 0, 0].astype(jnp.float32), m, l),
                        [(o, m, l)]),
       "one tiny kernel (per-call floor)": (lambda q, c: q * 2, caches),
   }
   rows, profiles = {}, {}
   for name, (fn, inputs) in parts.items():
-    t, _, _, _ = bench(fn, inputs, qs)
+    compiled, _ = compile_calls(fn, inputs, qs)
+    t, _, _, _ = bench(fn, inputs, qs, compiled=compiled)
     rows[name] = t
     try:
-      profiles[name] = device_time(fn, inputs, qs)
+      profiles[name] = device_time(compiled, inputs, qs)
     except Exception as e:  # the profile is extra information; the timing above stands without it
       profiles[name] = dict(error=repr(e)[:200])
     print(f"breakdown B={batch} T={tokens} {plan}: {name}: {t * 1e6:.1f} us; device {profiles[name]}", flush=True)

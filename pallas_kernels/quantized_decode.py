@@ -483,6 +483,17 @@ def quantized_decode(
   `tokens_hint` (static) bounds the layer's tokens and `pool_tokens` its tokens
   in each pool (default: the pools' sizes); they set the split counts.
   """
+  o, m, l = partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+                              window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
+                              config=config, interpret=interpret)
+  return combine_splits(o, m, l)[:, :, :qg.shape[2]]
+
+
+def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, *, window_size: int,
+                      tokens_hint: int | None = None, pool_tokens: tuple[int, ...] | None = None,
+                      config: DecodeConfig = DecodeConfig(), interpret: bool = False):
+  """`quantized_decode` up to its launches: the splits' and phases' unnormalized outputs
+  o [B, K, J', Gp, H] and their m, l [B, K, J', Gp], for `combine_splits`."""
   b, kh, g, h = qg.shape
   gp = max(16, 1 << (g - 1).bit_length())
   present = [i for i, kp in enumerate(k_pools) if kp is not None and kp.data.shape[2] > 0]
@@ -498,10 +509,8 @@ def quantized_decode(
     others = [i for i in present if i not in int4]
     parts = [launch(others, True, tokens_hint - sum(pool_tokens[i] for i in int4), config),
              launch(int4, False, sum(pool_tokens[i] for i in int4), config.int4_launch)]
-    o, m, l = (jnp.concatenate(x, axis=2) for x in zip(*parts))
-  else:
-    o, m, l = launch(present, True, tokens_hint, config)
-  return combine_splits(o, m, l)[:, :, :g]
+    return tuple(jnp.concatenate(x, axis=2) for x in zip(*parts))
+  return launch(present, True, tokens_hint, config)
 
 
 def int4_launch_pays(config: DecodeConfig, int4_tokens: int) -> bool:

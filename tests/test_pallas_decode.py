@@ -149,9 +149,9 @@ def test_lowers_to_triton_for_cuda():
 
 
 def test_step_width_by_pool_kind():
-  """By default INT4 pools run in a 2-warp launch of their own, two windows a step; sharing the 4-warp
-  launch they step one (their two-window loop needs too many registers for three programs an SM);
-  without an INT4 width every pool takes tile_windows."""
+  """INT4 pools in a launch of their own (by default where they are many) run at 2 warps, two windows a
+  step; sharing the 4-warp launch they step one (their two-window loop needs too many registers for
+  three programs an SM); without an INT4 width every pool takes tile_windows."""
   cfg = qd.DecodeConfig()
   assert qd._tile_windows(cfg, 2) == 2
   assert cfg.int4_launch.num_warps == 2 and qd._tile_windows(cfg.int4_launch, 4) == 2
