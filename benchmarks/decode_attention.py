@@ -218,14 +218,19 @@ def measure(batch, tokens, plan, *, key, config=None, with_xla=True):
   return row
 
 
-def measure_cudnn(batch, tokens, *, key):
+def cudnn_inputs(batch, tokens, *, key):
+  """Distinct FP16 [B, T, K, H] caches and queries for `inner_calls` cudnn calls; and their bytes."""
   k1, k2 = jax.random.split(key)
   shape = (batch, tokens, KV_HEADS, HEAD_DIM)
   nbytes = 2 * math.prod(shape) * 2
   inner = inner_calls(nbytes)
   kv = copies(lambda i: (jax.random.normal(jax.random.fold_in(k1, i), shape, jnp.bfloat16),
                          jax.random.normal(jax.random.fold_in(k2, i), shape, jnp.bfloat16)), nbytes, inner)
-  qs = queries(jax.random.fold_in(key, 2), batch, inner)
+  return kv, queries(jax.random.fold_in(key, 2), batch, inner), nbytes
+
+
+def measure_cudnn(batch, tokens, *, key):
+  kv, qs, nbytes = cudnn_inputs(batch, tokens, key=key)
   try:
     t, comp, finite, _ = bench(cudnn_fn, kv, qs)
     return dict(cudnn_s=t, cudnn_bytes=nbytes, cudnn_compile_s=comp, cudnn_finite=finite,
@@ -267,6 +272,7 @@ def breakdown(batch, tokens, plan, *, key):
       "combine only": (lambda q, o, m, l: qd.combine_splits(o + q[0, 0, 0].astype(jnp.float32), m, l),
                        [(o, m, l)]),
       "one tiny kernel (per-call floor)": (lambda q, c: q * 2, caches),
+      "cudnn (FP16 [B, T, K, H] cache)": (cudnn_fn, cudnn_inputs(batch, tokens, key=key)[0]),
   }
   rows, profiles = {}, {}
   for name, (fn, inputs) in parts.items():
@@ -278,9 +284,35 @@ def breakdown(batch, tokens, plan, *, key):
     except Exception as e:  # the profile is extra information; the timing above stands without it
       profiles[name] = dict(error=repr(e)[:200])
     print(f"breakdown B={batch} T={tokens} {plan}: {name}: {t * 1e6:.1f} us; device {profiles[name]}", flush=True)
-  rows["cudnn"] = measure_cudnn(batch, tokens, key=key).get("cudnn_s", float("nan"))
-  print(f"breakdown B={batch} T={tokens}: cudnn {rows['cudnn'] * 1e6:.1f} us", flush=True)
   return dict(batch=batch, tokens=tokens, plan=plan, inner=inner, seconds=rows, device=profiles)
+
+
+def phases_ab(batch, tokens, plan, *, key):
+  """The whole path with a program a phase against a program running its phases in turn, and cudnn:
+  wall time as in `measure` and GPU time from a profile (`device_time`)."""
+  c0 = synthetic_cache(key, batch, tokens, plan)
+  inner = inner_calls(c0.nbytes)
+  caches = [(c,) for c in [c0] + copies(lambda i: jax.tree.map(lambda x: x + 0 if x.dtype != jnp.uint8 else x, c0),
+                                        c0.nbytes, inner)[1:]]
+  qs = queries(jax.random.fold_in(key, 1), batch, inner)
+  default = qd.DecodeConfig()
+  parts = {"phases in parallel": (pallas_fn(dataclasses.replace(default, parallel_phases=True)), caches),
+           "phases in turn": (pallas_fn(dataclasses.replace(default, parallel_phases=False)), caches),
+           "cudnn": (cudnn_fn, cudnn_inputs(batch, tokens, key=key)[0])}
+  row = dict(batch=batch, tokens=tokens, plan=plan, inner=inner,
+             default_parallel=qd.phases_in_parallel(default, batch * KV_HEADS * qd.num_splits(
+                 batch, KV_HEADS, tokens, default), 3), wall_s={}, gpu_s={})
+  for name, (fn, inputs) in parts.items():
+    compiled, _ = compile_calls(fn, inputs, qs)
+    row["wall_s"][name] = bench(fn, inputs, qs, compiled=compiled)[0]
+    try:
+      row["gpu_s"][name] = (device_time(compiled, inputs, qs) or {}).get("span_s")
+    except Exception as e:
+      row["gpu_s"][name] = None
+      print("profile failed", repr(e)[:200])
+  print(f"phases B={batch} T={tokens} {plan}: wall " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in row["wall_s"].items())
+        + " | gpu span " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in row["gpu_s"].items() if v), flush=True)
+  return row
 
 
 def correctness_checks():
@@ -401,6 +433,19 @@ def markdown(report) -> str:
       gpu = (f"{d['kernel_s'] * 1e6:.1f} | {d['span_s'] * 1e6:.1f} | {d['kernels_a_call']:.1f}" if "kernel_s" in d
              else "- | - | -")
       lines.append(f"| {name} | {t * 1e6:.1f} | {gpu} |")
+  if report.get("phases"):
+    lines += ["", "## A program a phase, or one running its phases in turn (plan mix; µs a call)", "",
+              "| batch | tokens | default | wall: parallel | wall: in turn | wall: cudnn | GPU: parallel "
+              "| GPU: in turn | GPU: cudnn | GPU: default / cudnn |", "| ---: | ---: | --- |" + " ---: |" * 7]
+    for r in report["phases"]:
+      w, g = r["wall_s"], r["gpu_s"]
+      names = ("phases in parallel", "phases in turn", "cudnn")
+      gpu = [g.get(n) for n in names]
+      ours = gpu[0] if r["default_parallel"] else gpu[1]
+      best = ours / gpu[2] if ours and gpu[2] else float("nan")
+      lines.append(f"| {r['batch']} | {r['tokens']} | {'parallel' if r['default_parallel'] else 'in turn'} | "
+                   + " | ".join(f"{w[n] * 1e6:.1f}" for n in names) + " | "
+                   + " | ".join(f"{x * 1e6:.1f}" if x else "-" for x in gpu) + f" | {best:.2f} |")
   return "\n".join(lines) + "\n"
 
 
@@ -441,6 +486,7 @@ def main(argv=None):
   ap.add_argument("--check", action="store_true", help="run the correctness checks")
   ap.add_argument("--no-sweep", action="store_true")
   ap.add_argument("--breakdown", action="store_true", help="time the parts of a batch-1 call at 1k tokens")
+  ap.add_argument("--phases", default="", help="'batch,tokens;...': a program a phase against phases in turn")
   ap.add_argument("--budget-s", type=float, default=1e9, help="stop the sweep after this many seconds")
   ap.add_argument("--out", default="benchmarks/results")
   ap.add_argument("--tag", default="decode_attention")
@@ -450,7 +496,7 @@ def main(argv=None):
   report = dict(command="PYTHONPATH=. python " + " ".join(sys.argv),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=f"{device.device_kind} ({device.platform})", jax=jax.__version__, host=platform.node(),
-                results=[], variants={}, checks=[], skipped=[], breakdown=[])
+                results=[], variants={}, checks=[], skipped=[], breakdown=[], phases=[])
   report["copy"] = copy_bandwidth() if device.platform == "gpu" else {"jnp_elementwise_TBps": float("nan")}
   print("copy", report["copy"], flush=True)
   os.makedirs(args.out, exist_ok=True)
@@ -467,6 +513,10 @@ def main(argv=None):
   key = jax.random.PRNGKey(0)
   if args.breakdown:
     report["breakdown"] = [breakdown(1, 1024, plan, key=key) for plan in ("mix", "fp16")]
+    save()
+  for shape in filter(None, args.phases.split(";")):
+    batch, tokens = map(int, shape.split(","))
+    report["phases"].append(phases_ab(batch, tokens, "mix", key=key))
     save()
   best = None
   variant_plans = args.variant_plans.split(",")

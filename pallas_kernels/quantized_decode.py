@@ -104,6 +104,9 @@ class DecodeConfig:
   min_tokens_per_split: int = 128
   num_warps: int = 4
   num_stages: int = 3
+  # One program a phase (segment kind) instead of one running them in turn; None: where that grid still
+  # fits one wave of resident programs (small calls, whose time is each program's serial latency).
+  parallel_phases: bool | None = None
   inline_asm: bool = True  # unpack codes with f16x2 PTX (GPU); plain jnp ops otherwise (and in interpret mode)
   factored: bool = False  # scales folded into q (keys) and applied to P.V sums (values); else dequantize each code
 
@@ -372,53 +375,71 @@ def _fresh(rows: int, width: int, parts: int):
 
 
 def _kernel(offsets_ref, counts_ref, rest_len_ref, sizes_ref, q_ref, *refs, segments: tuple[_Segment, ...],
-            kv_heads, group, window, rest_block, with_rest: bool, cfg: DecodeConfig):
+            kv_heads, group, padded_group, window, rest_block, with_rest: bool, phases: int,
+            parallel_phases: bool, cfg: DecodeConfig):
   """One (request, KV head, split): its share of every segment, as partial softmaxes (o, m, l).
 
   Phase 0 holds the high-precision pools and the rest segment (if `with_rest`:
   a launch of quantized pools alone has none); each quantized pool is one
-  more phase (the combine merges phases like splits).
+  more phase (the combine merges phases like splits). A program runs its
+  phases one after another, or, with `parallel_phases`, one program runs
+  one phase (program = (request, KV head, split) * phases + phase).
   """
   *in_refs, o_ref, m_ref, l_ref = refs
   it = iter(in_refs)
   seg_refs = [tuple(next(it) for _ in range(2 if seg.bits == 16 else 6)) for seg in segments]
+  rest_refs = (next(it), next(it)) if with_rest else None
 
   program = pl.program_id(0)
+  our_phase = program % phases if parallel_phases else None
+  program = program // phases if parallel_phases else program
   num_splits = sizes_ref[_SPLITS]
   split, bk = program % num_splits, program // num_splits
   b = bk // kv_heads
   head_dim = q_ref.shape[1]
-  q_rows = pl.ds(bk * group, group)
-  q = q_ref[q_rows, :]  # f32 [Gp, H]
 
-  phase = 0
-  if with_rest:
-    rest_k, rest_v = next(it), next(it)
-    m, l, (o,) = _fresh(group, head_dim, 1)
-    state = m, l, o
+  def load_q(cols):  # q's G rows of this KV head, zeros below them up to Gp rows (the tensor cores' tile)
+    rows = pl.ds(bk * group, padded_group)
+    real = lax.broadcasted_iota(jnp.int32, (padded_group, 1), 0) < group
+    return plgpu.load(q_ref.at[rows, cols], mask=jnp.broadcast_to(real, (padded_group, cols.size)), other=0.0)
+
+  def write(phase, m, l, accs):  # accs: column blocks of the output, in order
+    at = () if parallel_phases else (phase,)  # a parallel program's blocks hold its phase alone
+    m_ref[(*at, slice(None))], l_ref[(*at, slice(None))] = m, l
+    width = head_dim // len(accs)
+    for k, acc in enumerate(accs):
+      o_ref[(*at, slice(None), pl.ds(k * width, width))] = acc
+
+  def dense_phase():
+    q = load_q(pl.ds(0, head_dim))  # f32 [Gp, H]
+    state = _fresh(padded_group, head_dim, 1)
+    state = state[0], state[1], state[2][0]
     for seg, refs_ in zip(segments, seg_refs):
       if seg.bits == 16:
         offset, count, tokens = offsets_ref[seg.index], counts_ref[seg.index], sizes_ref[_TOKENS + seg.index]
         state = _dense_segment(state, q, *refs_, bk * tokens, tokens, offset * window, (offset + count) * window,
                                block=seg.block, split=split, num_splits=num_splits)
     capacity = sizes_ref[_REST_CAPACITY]
-    m, l, o = _dense_segment(state, q, rest_k, rest_v, bk * capacity, capacity, 0, rest_len_ref[b],
+    m, l, o = _dense_segment(state, q, *rest_refs, bk * capacity, capacity, 0, rest_len_ref[b],
                              block=rest_block, split=split, num_splits=num_splits)
-    m_ref[0], l_ref[0], o_ref[0] = m, l, o
-    phase = 1
-  for seg, refs_ in zip(segments, seg_refs):
-    if seg.bits == 16:
-      continue
+    return m, l, (o,)
+
+  def quantized_phase(seg, refs_):
     width = head_dim * seg.bits // 8
-    q_parts = [q_ref[q_rows, pl.ds(k * width, width)] for k in range(8 // seg.bits)]
+    q_parts = [load_q(pl.ds(k * width, width)) for k in range(8 // seg.bits)]
     offset, count, tokens = offsets_ref[seg.index], counts_ref[seg.index], sizes_ref[_TOKENS + seg.index]
     segment = _factored_segment if cfg.factored else _quantized_segment
-    m, l, accs = segment(q_parts, refs_, bk, tokens, offset, count, seg=seg, window=window,
-                         split=split, num_splits=num_splits, inline_asm=cfg.inline_asm)
-    m_ref[phase], l_ref[phase] = m, l
-    for k, acc in enumerate(accs):
-      o_ref[phase, :, pl.ds(k * width, width)] = acc
-    phase += 1
+    return segment(q_parts, refs_, bk, tokens, offset, count, seg=seg, window=window,
+                   split=split, num_splits=num_splits, inline_asm=cfg.inline_asm)
+
+  bodies = [dense_phase] if with_rest else []
+  bodies += [functools.partial(quantized_phase, seg, refs_) for seg, refs_ in zip(segments, seg_refs) if seg.bits != 16]
+  assert len(bodies) == phases
+  for phase, body in enumerate(bodies):
+    if parallel_phases:
+      pl.when(our_phase == phase)(lambda phase=phase, body=body: write(phase, *body()))
+    else:
+      write(phase, *body())
 
 
 # ----------------------------------------------------------------------------- pallas_call
@@ -486,7 +507,8 @@ def quantized_decode(
   o, m, l = partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                               window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
                               config=config, interpret=interpret)
-  return combine_splits(o, m, l)[:, :, :qg.shape[2]]
+  g = qg.shape[2]  # drop the padding rows before the combine, so the slice fuses into it
+  return combine_splits(o[..., :g, :], m[..., :g], l[..., :g])
 
 
 def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, *, window_size: int,
@@ -501,8 +523,8 @@ def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, res
     pool_tokens = tuple(kp.data.shape[2] if kp is not None else 0 for kp in k_pools)
   if tokens_hint is None:
     tokens_hint = rest_k.shape[2] + sum(pool_tokens[i] for i in present)
-  q = jnp.pad(qg.astype(jnp.float32), ((0, 0), (0, 0), (0, gp - g), (0, 0))).reshape(b * kh * gp, h)
-  launch = functools.partial(_launch, q, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+  q = qg.astype(jnp.float32).reshape(b * kh * g, h)  # the kernel pads a head's G rows to Gp as it loads them
+  launch = functools.partial(_launch, q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                              window_size=window_size, interpret=interpret)
   int4 = [i for i in present if k_pools[i].bits == 4]
   if int4 and int4_launch_pays(config, b * kh * sum(pool_tokens[i] for i in int4)):
@@ -518,12 +540,22 @@ def int4_launch_pays(config: DecodeConfig, int4_tokens: int) -> bool:
   return config.int4_launch is not None and int4_tokens >= config.int4_launch_min_tokens
 
 
-def _launch(q, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, pools: list[int], with_rest: bool,
+def phases_in_parallel(config: DecodeConfig, programs: int, phases: int) -> bool:
+  """Whether a launch of `programs` (request, KV head, split) programs runs each of its `phases` in a
+  program of its own: as configured, or (None) where that grid still fits one wave of resident programs,
+  so that no program waits and each one's serial latency shrinks to one segment's."""
+  if phases < 2 or config.parallel_phases is False:
+    return False
+  slots = _multiprocessors(config) * config.programs_per_multiprocessor
+  return bool(config.parallel_phases) or programs * phases <= slots
+
+
+def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, pools: list[int], with_rest: bool,
             tokens_hint: int, config: DecodeConfig, *, window_size: int, interpret: bool):
   """One pallas_call over the pools at indices `pools` (and the rest segment, if `with_rest`):
   partial softmaxes o [B, K, J * phases, Gp, H], m and l [B, K, J * phases, Gp]."""
   b, kh = rest_k.shape[:2]
-  gp, h = q.shape[0] // (b * kh), q.shape[1]
+  g, h = q.shape[0] // (b * kh), q.shape[1]
   splits = num_splits(b, kh, max(tokens_hint, 1), config)
 
   def rows(x):  # [B, K, n, ...] -> [B*K*n, ...]: a (request, head) is a run of rows
@@ -546,20 +578,28 @@ def _launch(q, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, pool
   phases = int(with_rest) + sum(seg.bits != 16 for seg in segments)
 
   n = b * kh * splits
+  parallel = phases_in_parallel(config, n, phases)
   kernel = functools.partial(
-      _kernel, segments=tuple(segments), kv_heads=kh, group=gp, window=window_size,
+      _kernel, segments=tuple(segments), kv_heads=kh, group=g, padded_group=gp, window=window_size,
       rest_block=min(config.dense_tokens, _pow2_floor(rest_k.shape[2])), with_rest=with_rest,
+      phases=phases, parallel_phases=parallel,
       cfg=dataclasses.replace(config, inline_asm=config.inline_asm and not interpret))
+  if parallel:  # program i: phase i % phases of (request, head, split) i // phases
+    out_specs = [pl.BlockSpec((None, None, gp, h), lambda i: (i // phases, i % phases, 0, 0)),
+                 pl.BlockSpec((None, None, gp), lambda i: (i // phases, i % phases, 0)),
+                 pl.BlockSpec((None, None, gp), lambda i: (i // phases, i % phases, 0))]
+  else:
+    out_specs = [pl.BlockSpec((None, phases, gp, h), lambda i: (i, 0, 0, 0)),
+                 pl.BlockSpec((None, phases, gp), lambda i: (i, 0, 0)),
+                 pl.BlockSpec((None, phases, gp), lambda i: (i, 0, 0))]
   # Whole arrays, indexed by element (not by block) so that no size becomes a constant of the code.
   whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
   inputs = [offsets.astype(jnp.int32), counts.astype(jnp.int32), rest_len.astype(jnp.int32), sizes, q, *operands]
   o, m, l = pl.pallas_call(
       kernel,
-      grid=(n,),
+      grid=(n * phases if parallel else n,),
       in_specs=[whole(x) for x in inputs],
-      out_specs=[pl.BlockSpec((None, phases, gp, h), lambda i: (i, 0, 0, 0)),
-                 pl.BlockSpec((None, phases, gp), lambda i: (i, 0, 0)),
-                 pl.BlockSpec((None, phases, gp), lambda i: (i, 0, 0))],
+      out_specs=out_specs,
       out_shape=[jax.ShapeDtypeStruct((n, phases, gp, h), jnp.float32),
                  jax.ShapeDtypeStruct((n, phases, gp), jnp.float32),
                  jax.ShapeDtypeStruct((n, phases, gp), jnp.float32)],

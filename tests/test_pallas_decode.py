@@ -4,6 +4,8 @@ One compiled kernel serves every layer of a case (the layer's ranges are
 values), so each case checks uneven, empty and full pools at the price of one
 compile. The last test lowers the kernels for CUDA (Triton) without a GPU.
 """
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -91,6 +93,10 @@ INT4_APART = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_spl
                              int4_launch=qd.DecodeConfig(num_warps=2, tile_windows=2, int4_tile_windows=None,
                                                          min_tokens_per_split=16, round_to_waves=False))
 
+# A program runs every phase (segment kind) in turn, or one program runs one phase (by default: small calls).
+IN_TURN = dataclasses.replace(TILED, parallel_phases=False)
+IN_PARALLEL = dataclasses.replace(INT4_APART, parallel_phases=True)
+
 
 @pytest.mark.parametrize("batch,kv_heads,group,head_dim,value_group,config", [
     (3, 2, 7, 128, 0, TILED),         # Qwen2-7B's GQA ratio, odd batch
@@ -103,6 +109,10 @@ INT4_APART = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_spl
     (3, 2, 7, 128, 0, INT4_ONE),
     (3, 2, 7, 128, 0, INT4_APART),
     (1, 2, 8, 64, 16, INT4_APART),    # KIVI values in both launches
+    (3, 2, 7, 128, 0, IN_TURN),
+    (1, 2, 8, 64, 16, IN_TURN),
+    (2, 2, 7, 128, 0, IN_PARALLEL),
+    (1, 2, 8, 64, 32, IN_PARALLEL),
 ])
 def test_matches_dequantize_then_attend(batch, kv_heads, group, head_dim, value_group, config):
   check_case(batch * 10 + group, batch=batch, kv_heads=kv_heads, group=group, head_dim=head_dim,
@@ -179,3 +189,15 @@ def test_int4_launch_only_where_it_pays():
 
   assert launches(cfg) == 1
   assert launches(INT4_APART) == 2
+
+
+def test_phases_in_parallel_only_within_one_wave():
+  """By default a program runs one phase only where that grid still fits one wave: batch 1 x 1k tokens
+  (4 heads x 8 splits x 3 phases on 396 slots), not batch 8 x 32k, whose programs fill waves already."""
+  cfg = qd.DecodeConfig(multiprocessors=132)
+  small = 4 * qd.num_splits(1, 4, 1024, cfg)
+  assert qd.phases_in_parallel(cfg, small, 3)
+  assert not qd.phases_in_parallel(cfg, small, 1)  # nothing to spread
+  assert not qd.phases_in_parallel(dataclasses.replace(cfg, parallel_phases=False), small, 3)
+  assert not qd.phases_in_parallel(cfg, 32 * qd.num_splits(8, 4, 32768, cfg), 3)
+  assert qd.phases_in_parallel(dataclasses.replace(cfg, parallel_phases=True), 10_000, 2)
