@@ -165,11 +165,11 @@ def pallas_fn(config: qd.DecodeConfig | None):
   def run(q, c):
     layer = c.layer(0)
     b, n, h = q.shape
-    qg = (q.astype(jnp.float32) * h ** -0.5).reshape(b, KV_HEADS, n // KV_HEADS, h)
+    qg = q.reshape(b, KV_HEADS, n // KV_HEADS, h)  # the kernel scales q, as the registered path has it do
     pools = [tuple(registration._arrays(p, w) for p, w in zip(ps, layer.slice_windows))
              for ps in (layer.k_pools, layer.v_pools)]
     out = qd.quantized_decode(qg, *pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v,
-                              layer.rest_len, window_size=WINDOW, config=config,
+                              layer.rest_len, window_size=WINDOW, config=config, q_scale=h ** -0.5,
                               tokens_hint=sum(layer.slice_windows) * WINDOW + layer.rest_k.shape[2],
                               interpret=jax.default_backend() == "cpu")
     return out.reshape(b, n, h).astype(q.dtype)
@@ -255,11 +255,11 @@ def breakdown(batch, tokens, plan, *, key):
     def run(q, c):
       layer = c.layer(0)
       b, n, h = q.shape
-      qg = (q.astype(jnp.float32) * h ** -0.5).reshape(b, KV_HEADS, n // KV_HEADS, h)
+      qg = q.reshape(b, KV_HEADS, n // KV_HEADS, h)
       k_pools, v_pools = [tuple(registration._arrays(p, w) for p, w in zip(ps, layer.slice_windows))
                           for ps in (layer.k_pools, layer.v_pools)]
       return qd.partial_softmaxes(qg, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v,
-                                  layer.rest_len, window_size=WINDOW, config=config,
+                                  layer.rest_len, window_size=WINDOW, config=config, q_scale=h ** -0.5,
                                   interpret=jax.default_backend() == "cpu")
     return run
 

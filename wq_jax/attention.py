@@ -13,6 +13,7 @@ One softmax runs over the logits of every segment at once (SPEC Eqs. 12-13).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Callable
 
@@ -30,10 +31,17 @@ AttentionFn = Callable[..., jax.Array]
 _IMPLEMENTATIONS: dict[str, AttentionFn] = {}
 
 
-def register(name: str):
-  """Registers a decode-attention implementation: fn(q [B,K,G,H] pre-scaled, layer) -> [B,K,G,H]."""
+_SCALES_Q: set[str] = set()
+
+
+def register(name: str, *, scales_q: bool = False):
+  """Registers a decode-attention implementation: fn(q [B,K,G,H] pre-scaled float32, layer) -> [B,K,G,H];
+  with `scales_q`, fn(q [B,K,G,H] as given, layer, scale=...) scales q itself (a kernel does it as it
+  loads q, saving a launch of its own at small sizes)."""
   def wrap(fn):
     _IMPLEMENTATIONS[name] = fn
+    if scales_q:
+      _SCALES_Q.add(name)
     return fn
   return wrap
 
@@ -83,12 +91,15 @@ def decode_attention(
     raise ValueError(f"{n} query heads are not a multiple of {k} KV heads")
   scale = 1.0 / math.sqrt(h) if scale is None else scale
   qg = (q.astype(jnp.float32) * scale).reshape(b, k, n // k, h)
+  fn = _IMPLEMENTATIONS[implementation]
+  if implementation in _SCALES_Q and not isinstance(layer, InterleavedLayer):
+    qg, fn = q.reshape(b, k, n // k, h), functools.partial(fn, scale=scale)
   if isinstance(layer, InterleavedLayer):  # ablation C's layout has one (XLA) reader
     out = interleaved_attention(qg, layer)
   elif mesh is not None:
-    out = _per_shard(_IMPLEMENTATIONS[implementation], mesh, layer)(qg, layer)
+    out = _per_shard(fn, mesh, layer)(qg, layer)
   else:
-    out = _IMPLEMENTATIONS[implementation](qg, layer)
+    out = fn(qg, layer)
   return out.reshape(b, n, h).astype(q.dtype)
 
 
