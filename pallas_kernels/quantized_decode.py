@@ -33,6 +33,10 @@ with the window's minimum and its scale divided by 2^(k bits). The
 tiles then meet the tensor cores as in a high-precision step: one K dot per
 part, one softmax update, one P.V dot per part.
 
+Small calls, whose time is each program's serial latency, run one program a
+phase instead (`DecodeConfig.parallel_phases`, by default where that grid fits
+one wave of resident programs): batch 1 x 1k went from 13.2 to 8.7 us of GPU time.
+
 INT4 pools take a launch of their own by default (`DecodeConfig.int4_launch`)
 where they hold enough tokens to fill it, with their own warps and splits; the
 combine merges its phases with the others'.
