@@ -198,6 +198,9 @@ def _dequant_asm(bits: int, part: int) -> str:
 def _dequantize(codes, scales, minimums, *, bits: int, inline_asm: bool):
   """Codes [T, H/P] uint8 -> P half tiles [T, H/P]: part k is s * ((codes >> k*bits) & mask) + m.
 
+  With `inline_asm` the codes stay shifted by k*bits, so part k's scales must come divided by
+  2^(k*bits) (`_unshift`), which is exact.
+
   Part k holds channels [k*H/P, (k+1)*H/P) ("split" packing), so parts meet q
   and the output as column blocks, without any shuffling of registers.
   """
@@ -206,12 +209,17 @@ def _dequantize(codes, scales, minimums, *, bits: int, inline_asm: bool):
   for k, (s, m) in enumerate(zip(scales, minimums)):
     if inline_asm:  # the code stays shifted by k*bits; an exact power-of-two scaling of s undoes it
       out += plgpu.elementwise_inline_asm(
-          _dequant_asm(bits, k), args=[codes, s * jnp.float16(2.0 ** (-k * bits)), m],
+          _dequant_asm(bits, k), args=[codes, s, m],
           constraints="=r,=r,r,r,r,r,r", pack=4,
           result_shape_dtypes=[jax.ShapeDtypeStruct(codes.shape, jnp.float16)])
     else:
       out.append(((codes >> jnp.uint8(k * bits)) & jnp.uint8(mask)).astype(jnp.float16) * s + m)
   return out
+
+
+def _unshift(bits: int, part: int, inline_asm: bool) -> float:
+  """The factor part `part`'s scales take for `_dequantize`: 2^(-part*bits) where its codes stay shifted."""
+  return 2.0 ** (-part * bits) if inline_asm else 1.0
 
 
 def _raw_asm(bits: int, part: int) -> str:
@@ -241,17 +249,19 @@ def _raw_codes(codes, *, bits: int, part: int, inline_asm: bool):
   return c.astype(jnp.float16) * jnp.float16(1.0 / (1 << bits)) + jnp.float16(1.0)
 
 
-def _window_meta(s_ref, m_ref, first, tile, width, part, window):
-  """Scale and minimum of `tile` windows for one part's channels, as half tiles [tile * S, width]."""
+def _window_meta(s_ref, m_ref, first, tile, width, part, window, scale_by=1.0):
+  """Scale (times `scale_by`) and minimum of `tile` windows for one part's channels, as half tiles
+  [tile * S, width]. The product is taken before the broadcast: once a window, not once a token."""
   rows, cols = pl.ds(first, tile), pl.ds(part * width, width)
 
   def per_token(x):
-    return jnp.broadcast_to(x.astype(jnp.float16)[:, None, :], (tile, window, width)).reshape(tile * window, width)
+    return jnp.broadcast_to(x[:, None, :], (tile, window, width)).reshape(tile * window, width)
 
-  return per_token(s_ref[rows, cols]), per_token(m_ref[rows, cols])
+  scale = s_ref[rows, cols].astype(jnp.float16) * jnp.float16(scale_by)
+  return per_token(scale), per_token(m_ref[rows, cols].astype(jnp.float16))
 
 
-def _token_meta(s_ref, m_ref, rows, size, width, part, group):
+def _token_meta(s_ref, m_ref, rows, size, width, part, group, scale_by=1.0):
   """Per-token scale and minimum of C-channel groups (KIVI values) for one part, as [T, width] halves.
 
   Loads only the part's column of groups. Loading the [T, H/C] rows whole and picking a part's groups
@@ -262,9 +272,10 @@ def _token_meta(s_ref, m_ref, rows, size, width, part, group):
   cols = pl.ds(part * width // group, n)  # the part's groups, or the one group holding the part
 
   def per_channel(x):
-    return jnp.broadcast_to(x.astype(jnp.float16)[:, :, None], (size, n, width // n)).reshape(size, width)
+    return jnp.broadcast_to(x[:, :, None], (size, n, width // n)).reshape(size, width)
 
-  return per_channel(s_ref[rows, cols]), per_channel(m_ref[rows, cols])
+  scale = s_ref[rows, cols].astype(jnp.float16) * jnp.float16(scale_by)
+  return per_channel(scale), per_channel(m_ref[rows, cols].astype(jnp.float16))
 
 
 def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, split, num_splits,
@@ -283,6 +294,7 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
   pool_windows = tokens // window
   lo, hi = _split_range(pl.cdiv(count, tile), split, num_splits)
   dequantize = functools.partial(_dequantize, bits=seg.bits, inline_asm=inline_asm)
+  unshift = functools.partial(_unshift, seg.bits, inline_asm=inline_asm)
   q_parts = [qk.astype(jnp.float16) for qk in q_parts]
 
   def step(i, carry):
@@ -292,15 +304,15 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
     win = first + lax.broadcasted_iota(jnp.int32, (1, size), 1) // window
     rows = pl.ds(bk * tokens + first * window, size)
     meta = bk * pool_windows + first
-    k_meta = [_window_meta(ks_ref, km_ref, meta, tile, width, k, window) for k in range(parts)]
+    k_meta = [_window_meta(ks_ref, km_ref, meta, tile, width, k, window, unshift(k)) for k in range(parts)]
     keys = dequantize(k_ref[rows, :], [s for s, _ in k_meta], [mn for _, mn in k_meta])
-    s = sum(_dot_t(qk, kk) for qk, kk in zip(q_parts, keys))
+    s = functools.reduce(jnp.add, [_dot_t(qk, kk) for qk, kk in zip(q_parts, keys)])  # no add of a zero
     s = jnp.where((win >= start) & (win < offset + count), s, -jnp.inf)
     m, l, corr, p = _online_softmax(m, l, s)
     if seg.value_group:
-      v_meta = [_token_meta(vs_ref, vm_ref, rows, size, width, k, seg.value_group) for k in range(parts)]
+      v_meta = [_token_meta(vs_ref, vm_ref, rows, size, width, k, seg.value_group, unshift(k)) for k in range(parts)]
     else:
-      v_meta = [_window_meta(vs_ref, vm_ref, meta, tile, width, k, window) for k in range(parts)]
+      v_meta = [_window_meta(vs_ref, vm_ref, meta, tile, width, k, window, unshift(k)) for k in range(parts)]
     values = dequantize(v_ref[rows, :], [s for s, _ in v_meta], [mn for _, mn in v_meta])
     p = p.astype(jnp.float16)
     return m, l, tuple(a * corr[:, None] + _dot(p, v) for a, v in zip(accs, values))
@@ -359,7 +371,8 @@ def _factored_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, 
       rows = pl.ds(bk * tokens + win * window, window)
       codes = v_ref[rows, :]
       if seg.value_group:
-        metas = [_token_meta(vs_ref, vm_ref, rows, window, width, k, seg.value_group) for k in range(parts)]
+        metas = [_token_meta(vs_ref, vm_ref, rows, window, width, k, seg.value_group,
+                                 _unshift(seg.bits, k, inline_asm)) for k in range(parts)]
         values = _dequantize(codes, [x for x, _ in metas], [y for _, y in metas], bits=seg.bits,
                              inline_asm=inline_asm)
         accs = [acc + _dot(p, v) for acc, v in zip(accs, values)]
