@@ -1,0 +1,153 @@
+"""Offline instruction and register counts of the decode kernel, without a GPU.
+
+Two steps, because the second needs a `triton` wheel that need not share the JAX environment:
+
+    # 1. Lower quantized_decode for CUDA on a CPU and write each pallas_call's Triton IR
+    PYTHONPATH=. python benchmarks/kernel_sass.py capture --plan int2 --out /tmp/sass/int2
+    # 2. Compile it for sm_90 with pip's triton (e.g. in a venv with `pip install triton`)
+    python benchmarks/kernel_sass.py compile /tmp/sass/int2.0.ttir
+
+Step 2 prints the registers a thread and, for every loop of the SASS (a backward branch), its
+instruction count and the most frequent opcodes. XLA bundles its own Triton, so the counts are close
+to what runs on the GPU, not exact; they compare variants, they do not time them
+(`results/decode_attention_notes.md` quotes them next to the H200's timings).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import subprocess
+import sys
+
+PLANS = {"mix": (0.15, 0.35, 0.5), "int2": (0.0, 0.0, 1.0), "int4": (0.0, 1.0, 0.0), "fp16": (1.0, 0.0, 0.0)}
+
+
+def capture(plan: str, out: str, *, batch=8, tokens=32768, kv_heads=4, group=7, head_dim=128, window=32,
+            kivi=False, config: dict | None = None) -> list[str]:
+  """Writes OUT.<i>.ttir for each pallas_call of one decode-attention call, with a JSON of its launch."""
+  import jax
+  import jax.numpy as jnp
+  import jax._src.pallas.triton.lowering as lowering
+
+  from pallas_kernels import quantized_decode as qd
+
+  modules = []
+  original = lowering.lower_jaxpr_to_triton_module
+
+  def spy(*args, **kwargs):
+    result = original(*args, **kwargs)
+    modules.append(result.module.operation.get_asm(enable_debug_info=False))
+    return result
+
+  sds = jax.ShapeDtypeStruct
+  windows = tokens // window
+  k_pools, v_pools = [], []
+  for bits, share in zip((16, 4, 2), PLANS[plan]):
+    n = int(windows * share)
+    if n == 0:
+      k_pools.append(None)
+      v_pools.append(None)
+    elif bits == 16:
+      dense = qd.PoolArrays(sds((batch, kv_heads, n * window, head_dim), jnp.bfloat16), None, None, 16)
+      k_pools.append(dense)
+      v_pools.append(dense)
+    else:
+      codes = sds((batch, kv_heads, n * window, head_dim * bits // 8), jnp.uint8)
+      meta = sds((batch, kv_heads, n, head_dim), jnp.float16)
+      k_pools.append(qd.PoolArrays(codes, meta, meta, bits))
+      token_meta = sds((batch, kv_heads, n * window, head_dim // 32), jnp.float16)
+      v_pools.append(qd.PoolArrays(codes, token_meta, token_meta, bits, 32) if kivi
+                     else qd.PoolArrays(codes, meta, meta, bits))
+  rest = sds((batch, kv_heads, 256, head_dim), jnp.bfloat16)
+  args = (sds((batch, kv_heads, group, head_dim), jnp.bfloat16), tuple(k_pools), tuple(v_pools),
+          sds((3,), jnp.int32), sds((3,), jnp.int32), rest, rest, sds((batch,), jnp.int32))
+  cfg = qd.DecodeConfig(**(config or {}))
+  fn = lambda *a: qd.quantized_decode(*a, window_size=window, config=cfg, q_scale=head_dim ** -0.5)
+  lowering.lower_jaxpr_to_triton_module = spy
+  try:
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  finally:
+    lowering.lower_jaxpr_to_triton_module = original
+  launches = zip(re.findall(r"num_warps = (\d+)", text), re.findall(r"num_stages = (\d+)", text))
+  os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+  paths = []
+  for i, (module, (warps, stages)) in enumerate(zip(modules, launches)):
+    path = f"{out}.{i}.ttir"
+    with open(path, "w") as f:
+      f.write(module)
+    with open(path + ".json", "w") as f:
+      json.dump(dict(num_warps=int(warps), num_stages=int(stages), plan=plan, config=config or {}), f)
+    paths.append(path)
+    print(f"wrote {path} (num_warps {warps}, num_stages {stages})")
+  return paths
+
+
+def loops(sass: str):
+  """(first, last address, opcode counter) of each loop body: a backward branch and what it spans."""
+  lines = []
+  for line in sass.splitlines():
+    m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+    if m:
+      lines.append((int(m.group(1), 16), m.group(2)))
+  for address, ins in lines:
+    target = re.search(r"BRA.*?0x([0-9a-f]+)", ins)
+    if target and int(target.group(1), 16) < address:
+      start = int(target.group(1), 16)
+      body = [x for a, x in lines if start <= a <= address]
+      yield start, address, collections.Counter(
+          re.sub(r"^@!?U?P\w+\s+", "", x).split()[0].split(".")[0] for x in body)
+
+
+def compile_ttir(path: str, num_warps: int | None = None, num_stages: int | None = None) -> None:
+  os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated to silence its warning
+  import triton
+  from triton.backends.compiler import GPUTarget
+
+  launch = {}
+  if os.path.exists(path + ".json"):
+    with open(path + ".json") as f:
+      launch = json.load(f)
+  warps = num_warps or launch.get("num_warps", 4)
+  stages = num_stages or launch.get("num_stages", 3)
+  kernel = triton.compile(path, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+  cubin = path + ".cubin"
+  with open(cubin, "wb") as f:
+    f.write(kernel.asm["cubin"])
+  tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+  cuobjdump = os.path.join(tools, "cuobjdump")
+  sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
+  with open(path + ".sass", "w") as f:
+    f.write(sass)
+  usage = subprocess.run([cuobjdump, "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
+  registers = re.search(r"REG:(\d+)", usage)
+  print(f"{path}: {warps} warps, {stages} stages, {registers.group(1) if registers else '?'} registers a thread")
+  for start, end, ops in loops(sass):
+    top = ", ".join(f"{k} {v}" for k, v in ops.most_common(14))
+    print(f"  loop {start:#x}-{end:#x}: {sum(ops.values())} instructions ({top})")
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  sub = ap.add_subparsers(dest="command", required=True)
+  cap = sub.add_parser("capture", help="lower for CUDA on any machine; write the Triton IR of each launch")
+  cap.add_argument("--plan", choices=list(PLANS), default="mix")
+  cap.add_argument("--kivi", action="store_true", help="KIVI values: per-token scales over 32 channels")
+  cap.add_argument("--config", default="{}", help="DecodeConfig fields as JSON, e.g. '{\"tile_windows\": 1}'")
+  cap.add_argument("--out", default="/tmp/kernel_sass/kernel")
+  comp = sub.add_parser("compile", help="compile captured IR with pip's triton; count SASS per loop")
+  comp.add_argument("paths", nargs="+")
+  comp.add_argument("--num-warps", type=int)
+  comp.add_argument("--num-stages", type=int)
+  args = ap.parse_args(argv)
+  if args.command == "capture":
+    capture(args.plan, args.out, kivi=args.kivi, config=json.loads(args.config))
+  else:
+    for path in args.paths:
+      compile_ttir(path, args.num_warps, args.num_stages)
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,25 @@
+"""The offline SASS tool: its capture step (any machine) and its loop parser."""
+import os
+
+from benchmarks import kernel_sass
+
+
+def test_capture_writes_each_launch(tmp_path):
+  paths = kernel_sass.capture("mix", str(tmp_path / "k"), batch=1, tokens=4096, kv_heads=2, group=7, head_dim=64,
+                              config={"int4_launch_min_tokens": 0})
+  assert len(paths) == 2  # INT4 pools in a launch of their own
+  for path in paths:
+    assert "tt.func" in open(path).read()
+    assert os.path.exists(path + ".json")
+
+
+def test_loops_counts_backward_branch_bodies():
+  sass = "\n".join([
+      "        /*0000*/                   MOV R1, c[0x0][0x28] ;",
+      "        /*0010*/                   HMMA.16816.F32 R4, R8, R12, R4 ;",
+      "        /*0020*/                   LDS R2, [R3] ;",
+      "        /*0030*/              @P0 BRA 0x10 ;",
+      "        /*0040*/                   EXIT ;"])
+  [(start, end, ops)] = list(kernel_sass.loops(sass))
+  assert (start, end) == (0x10, 0x30)
+  assert ops == {"HMMA": 1, "LDS": 1, "BRA": 1}
