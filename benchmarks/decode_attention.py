@@ -379,6 +379,9 @@ VARIANTS = {
     # the same with the grid sized for the 4 programs that fit (224 registers at 2 warps, SASS of 2026-12-03)
     "t2w4_i4w2p4": qd.DecodeConfig(int4_launch_min_tokens=0, int4_launch=qd.DecodeConfig(
         num_warps=2, tile_windows=2, int4_tile_windows=None, programs_per_multiprocessor=4)),
+    # the main launch's grid sized for 4 programs an SM: with q in bf16 it compiles to 128 registers (kernel_sass.py,
+    # 2026-12-03), so four 4-warp programs fit (untimed)
+    "p4_i4w2": qd.DecodeConfig(programs_per_multiprocessor=4, int4_launch_min_tokens=0),
     # 2 warps, one window a step for every pool (186 registers on the mix plan: 5 programs an SM)
     "t1w2p5": qd.DecodeConfig(tile_windows=1, int4_tile_windows=None, num_warps=2, programs_per_multiprocessor=5,
                               int4_launch=None),
