@@ -207,7 +207,7 @@ def _dequantize(codes, scales, minimums, *, bits: int, inline_asm: bool):
   mask = (1 << bits) - 1
   out = []
   for k, (s, m) in enumerate(zip(scales, minimums)):
-    if inline_asm:  # the code stays shifted by k*bits; an exact power-of-two scaling of s undoes it
+    if inline_asm:  # the code stays shifted by k*bits; s, divided by 2^(k*bits) (`_unshift`), undoes it
       out += plgpu.elementwise_inline_asm(
           _dequant_asm(bits, k), args=[codes, s, m],
           constraints="=r,=r,r,r,r,r,r", pack=4,
@@ -430,8 +430,8 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, sizes_ref, q_ref, *refs, segm
 
   def dense_phase():
     q = load_q(pl.ds(0, head_dim))  # f32 [Gp, H]
-    state = _fresh(padded_group, head_dim, 1)
-    state = state[0], state[1], state[2][0]
+    m, l, (o,) = _fresh(padded_group, head_dim, 1)
+    state = m, l, o
     for seg, refs_ in zip(segments, seg_refs):
       if seg.bits == 16:
         offset, count, tokens = offsets_ref[seg.index], counts_ref[seg.index], sizes_ref[_TOKENS + seg.index]

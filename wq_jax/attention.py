@@ -90,10 +90,11 @@ def decode_attention(
   if n % k:
     raise ValueError(f"{n} query heads are not a multiple of {k} KV heads")
   scale = 1.0 / math.sqrt(h) if scale is None else scale
-  qg = (q.astype(jnp.float32) * scale).reshape(b, k, n // k, h)
   fn = _IMPLEMENTATIONS[implementation]
   if implementation in _SCALES_Q and not isinstance(layer, InterleavedLayer):
     qg, fn = q.reshape(b, k, n // k, h), functools.partial(fn, scale=scale)
+  else:
+    qg = (q.astype(jnp.float32) * scale).reshape(b, k, n // k, h)
   if isinstance(layer, InterleavedLayer):  # ablation C's layout has one (XLA) reader
     out = interleaved_attention(qg, layer)
   elif mesh is not None:
