@@ -239,14 +239,20 @@ def measure_cudnn(batch, tokens, *, key):
     return dict(cudnn_error=repr(e)[:300], cudnn_bytes=nbytes)
 
 
-def breakdown(batch, tokens, plan, *, key):
-  """Where a small call's time goes: the whole path, its pallas_calls alone, the combine alone, a
-  one-kernel call (the per-call floor of this timing), and cudnn, each timed as in `measure`."""
+def small_call_inputs(batch, tokens, plan, *, key):
+  """A synthetic cache, the calls a timed dispatch, distinct copies of the cache as (cache,) argument
+  tuples, and that many queries."""
   c0 = synthetic_cache(key, batch, tokens, plan)
   inner = inner_calls(c0.nbytes)
   caches = [(c,) for c in [c0] + copies(lambda i: jax.tree.map(lambda x: x + 0 if x.dtype != jnp.uint8 else x, c0),
                                         c0.nbytes, inner)[1:]]
-  qs = queries(jax.random.fold_in(key, 1), batch, inner)
+  return c0, inner, caches, queries(jax.random.fold_in(key, 1), batch, inner)
+
+
+def breakdown(batch, tokens, plan, *, key):
+  """Where a small call's time goes: the whole path, its pallas_calls alone, the combine alone, a
+  one-kernel call (the per-call floor of this timing), and cudnn, each timed as in `measure`."""
+  c0, inner, caches, qs = small_call_inputs(batch, tokens, plan, key=key)
   default = qd.DecodeConfig()
   apart = dataclasses.replace(default, int4_launch_min_tokens=0)
   one = dataclasses.replace(default, int4_launch=None)
@@ -290,11 +296,7 @@ def breakdown(batch, tokens, plan, *, key):
 def phases_ab(batch, tokens, plan, *, key):
   """The whole path with a program a phase against a program running its phases in turn, and cudnn:
   wall time as in `measure` and GPU time from a profile (`device_time`)."""
-  c0 = synthetic_cache(key, batch, tokens, plan)
-  inner = inner_calls(c0.nbytes)
-  caches = [(c,) for c in [c0] + copies(lambda i: jax.tree.map(lambda x: x + 0 if x.dtype != jnp.uint8 else x, c0),
-                                        c0.nbytes, inner)[1:]]
-  qs = queries(jax.random.fold_in(key, 1), batch, inner)
+  c0, inner, caches, qs = small_call_inputs(batch, tokens, plan, key=key)
   default = qd.DecodeConfig()
   parts = {"phases in parallel": (pallas_fn(dataclasses.replace(default, parallel_phases=True)), caches),
            "phases in turn": (pallas_fn(dataclasses.replace(default, parallel_phases=False)), caches),
