@@ -249,6 +249,20 @@ def small_call_inputs(batch, tokens, plan, *, key):
   return c0, inner, caches, queries(jax.random.fold_in(key, 1), batch, inner)
 
 
+def time_parts(parts, qs):
+  """Wall seconds a call (`bench`) and the GPU profile (`device_time`) of each (fn, inputs) in `parts`,
+  each compiled once for both."""
+  wall, profiles = {}, {}
+  for name, (fn, inputs) in parts.items():
+    compiled, _ = compile_calls(fn, inputs, qs)
+    wall[name] = bench(fn, inputs, qs, compiled=compiled)[0]
+    try:
+      profiles[name] = device_time(compiled, inputs, qs)
+    except Exception as e:  # the profile is extra information; the timing above stands without it
+      profiles[name] = dict(error=repr(e)[:200])
+  return wall, profiles
+
+
 def breakdown(batch, tokens, plan, *, key):
   """Where a small call's time goes: the whole path, its pallas_calls alone, the combine alone, a
   one-kernel call (the per-call floor of this timing), and cudnn, each timed as in `measure`."""
@@ -280,15 +294,8 @@ def breakdown(batch, tokens, plan, *, key):
       "one tiny kernel (per-call floor)": (lambda q, c: q * 2, caches),
       "cudnn (FP16 [B, T, K, H] cache)": (cudnn_fn, cudnn_inputs(batch, tokens, key=key)[0]),
   }
-  rows, profiles = {}, {}
-  for name, (fn, inputs) in parts.items():
-    compiled, _ = compile_calls(fn, inputs, qs)
-    t, _, _, _ = bench(fn, inputs, qs, compiled=compiled)
-    rows[name] = t
-    try:
-      profiles[name] = device_time(compiled, inputs, qs)
-    except Exception as e:  # the profile is extra information; the timing above stands without it
-      profiles[name] = dict(error=repr(e)[:200])
+  rows, profiles = time_parts(parts, qs)
+  for name, t in rows.items():
     print(f"breakdown B={batch} T={tokens} {plan}: {name}: {t * 1e6:.1f} us; device {profiles[name]}", flush=True)
   return dict(batch=batch, tokens=tokens, plan=plan, inner=inner, seconds=rows, device=profiles)
 
@@ -301,17 +308,19 @@ def phases_ab(batch, tokens, plan, *, key):
   parts = {"phases in parallel": (pallas_fn(dataclasses.replace(default, parallel_phases=True)), caches),
            "phases in turn": (pallas_fn(dataclasses.replace(default, parallel_phases=False)), caches),
            "cudnn": (cudnn_fn, cudnn_inputs(batch, tokens, key=key)[0])}
-  row = dict(batch=batch, tokens=tokens, plan=plan, inner=inner,
+  # The main launch of the registered path, as quantized_decode.partial_softmaxes forms it: its tokens
+  # (they set the split count) and its phases (FP16 + rest, then each quantized pool it holds).
+  layer = c0.layer(0)
+  hint = sum(layer.slice_windows) * WINDOW + layer.rest_k.shape[2]
+  phases = 1 + sum(n > 0 for n in layer.slice_windows[1:])
+  int4_tokens = layer.slice_windows[1] * WINDOW
+  if int4_tokens and qd.int4_launch_pays(default, batch * KV_HEADS * int4_tokens):
+    hint, phases = hint - int4_tokens, phases - 1
+  wall, profiles = time_parts(parts, qs)
+  row = dict(batch=batch, tokens=tokens, plan=plan, inner=inner, wall_s=wall,
              default_parallel=qd.phases_in_parallel(default, batch * KV_HEADS * qd.num_splits(
-                 batch, KV_HEADS, tokens, default), 3), wall_s={}, gpu_s={})
-  for name, (fn, inputs) in parts.items():
-    compiled, _ = compile_calls(fn, inputs, qs)
-    row["wall_s"][name] = bench(fn, inputs, qs, compiled=compiled)[0]
-    try:
-      row["gpu_s"][name] = (device_time(compiled, inputs, qs) or {}).get("span_s")
-    except Exception as e:
-      row["gpu_s"][name] = None
-      print("profile failed", repr(e)[:200])
+                 batch, KV_HEADS, hint, default), phases),
+             gpu_s={name: (p or {}).get("span_s") for name, p in profiles.items()})
   print(f"phases B={batch} T={tokens} {plan}: wall " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in row["wall_s"].items())
         + " | gpu span " + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in row["gpu_s"].items() if v), flush=True)
   return row
@@ -353,7 +362,7 @@ def correctness_checks():
 
 # Tilings as measured: t quantized windows a step, w warps a program, p resident programs an SM (for the
 # split count), s pipeline stages, f factored form; INT4 pools take their own step (1) only in t2w4i1
-# (the default). Since 2026-12-03 all of them read KIVI's value scales a whole row at a time.
+# (the default then); each is pinned to the INT4 launch it was measured with.
 _AS_MEASURED = dict(int4_tile_windows=None, int4_launch=None)
 VARIANTS = {
     "v3_run3": qd.DecodeConfig(num_warps=8, programs_per_multiprocessor=4, round_to_waves=False, **_AS_MEASURED),
