@@ -393,6 +393,13 @@ VARIANTS = {
     # the main launch's grid sized for 4 programs an SM: with q in bf16 it compiles to 128 registers (kernel_sass.py,
     # 2026-12-03), so four 4-warp programs fit (untimed)
     "p4_i4w2": qd.DecodeConfig(programs_per_multiprocessor=4, int4_launch_min_tokens=0),
+    # the registered default, and the same with the grid sized for 4 programs an SM (the main launch's 128 registers)
+    "default": qd.DecodeConfig(),
+    "p4": qd.DecodeConfig(programs_per_multiprocessor=4),
+    # the softmax's running sum reduced across warps every step (the default defers it to the loop's end)
+    "sum_a_step": qd.DecodeConfig(deferred_sum=False),
+    # four INT2 windows a step (two programs an SM)
+    "t4p2": qd.DecodeConfig(tile_windows=4, programs_per_multiprocessor=2),
     # 2 warps, one window a step for every pool (186 registers on the mix plan: 5 programs an SM)
     "t1w2p5": qd.DecodeConfig(tile_windows=1, int4_tile_windows=None, num_warps=2, programs_per_multiprocessor=5,
                               int4_launch=None),

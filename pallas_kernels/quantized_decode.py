@@ -112,6 +112,9 @@ class DecodeConfig:
   # fits one wave of resident programs (small calls, whose time is each program's serial latency).
   parallel_phases: bool | None = None
   inline_asm: bool = True  # unpack codes with f16x2 PTX (GPU); plain jnp ops otherwise (and in interpret mode)
+  # Carry the softmax's running sum as a tile and sum its rows once a loop, not once a step (a reduction
+  # across warps: shared memory and a barrier a step). Off for the factored form, whose steps sum p anyway.
+  deferred_sum: bool = True
   factored: bool = False  # scales folded into q (keys) and applied to P.V sums (values); else dequantize each code
 
 
@@ -128,11 +131,30 @@ class _Segment:
 
 
 def _online_softmax(m, l, s):
-  """Folds scores [Gp, n] into the running max and sum; returns them, the rescale and p."""
+  """Folds scores [Gp, n] into the running max and sum; returns them, the rescale and p.
+
+  The sum l is a [Gp] vector, or a [Gp, n] tile of per-column sums (`_sum_tile`): then a step adds p
+  to it without summing its row, which, with tokens spread over the warps, is a reduction across
+  them through shared memory and a barrier; the loop's end sums the tile once (`_sum_rows`).
+  """
   m_new = jnp.maximum(m, jnp.max(s, axis=1))
   corr = jnp.exp(m - m_new)
   p = jnp.exp(s - m_new[:, None])
-  return m_new, l * corr + jnp.sum(p, axis=1), corr, p
+  l = l * corr[:, None] + p if l.ndim == 2 else l * corr + jnp.sum(p, axis=1)
+  return m_new, l, corr, p
+
+
+def _sum_tile(l, n: int, deferred: bool):
+  """The running sum l [Gp] as a loop of steps of n scores carries it: l itself, or a [Gp, n] tile
+  whose rows sum to l (`_online_softmax`)."""
+  if not deferred:
+    return l
+  return jnp.where(lax.broadcasted_iota(jnp.int32, (l.shape[0], n), 1) == 0, l[:, None], 0.0)
+
+
+def _sum_rows(l):
+  """The running sum as a [Gp] vector, from what `_sum_tile` made of it."""
+  return jnp.sum(l, axis=1) if l.ndim == 2 else l
 
 
 def _split_range(num_steps, split, num_splits):
@@ -152,7 +174,7 @@ def _dot(a, b):
   return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def _dense_segment(state, q, k_ref, v_ref, base, size, t_lo, t_hi, *, block, split, num_splits):
+def _dense_segment(state, q, k_ref, v_ref, base, size, t_lo, t_hi, *, block, split, num_splits, deferred_sum):
   """Tokens [t_lo, t_hi) of a high-precision segment of `size` tokens at rows base... of k_ref, v_ref."""
   dtype = k_ref.dtype
   qd = q.astype(dtype)
@@ -168,7 +190,9 @@ def _dense_segment(state, q, k_ref, v_ref, base, size, t_lo, t_hi, *, block, spl
     m, l, corr, p = _online_softmax(m, l, s)
     return m, l, acc * corr[:, None] + _dot(p.astype(dtype), v_ref[rows, :])
 
-  return lax.fori_loop(lo, hi, step, state)
+  m, l, acc = state
+  m, l, acc = lax.fori_loop(lo, hi, step, (m, _sum_tile(l, block, deferred_sum), acc))
+  return m, _sum_rows(l), acc
 
 
 # -- quantized tiles
@@ -279,7 +303,7 @@ def _token_meta(s_ref, m_ref, rows, size, width, part, group, scale_by=1.0):
 
 
 def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, split, num_splits,
-                       inline_asm):
+                       inline_asm, deferred_sum):
   """Windows [offset, offset + count) of a quantized pool, `seg.block` windows a step.
 
   Codes are dequantized in registers into P half tiles, one per part of the
@@ -317,11 +341,13 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
     p = p.astype(jnp.float16)
     return m, l, tuple(a * corr[:, None] + _dot(p, v) for a, v in zip(accs, values))
 
-  return lax.fori_loop(lo, hi, step, _fresh(q_parts[0].shape[0], width, parts))
+  m, l, accs = _fresh(q_parts[0].shape[0], width, parts)
+  m, l, accs = lax.fori_loop(lo, hi, step, (m, _sum_tile(l, size, deferred_sum), accs))
+  return m, _sum_rows(l), accs
 
 
 def _factored_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, split, num_splits,
-                      inline_asm):
+                      inline_asm, deferred_sum=False):
   """Windows [offset, offset + count) of a quantized pool, `seg.block` windows a step, never dequantized.
 
   With r = 1 + c / 2^b (the code as a half, two instructions a pair) and the
@@ -436,10 +462,11 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, sizes_ref, q_ref, *refs, segm
       if seg.bits == 16:
         offset, count, tokens = offsets_ref[seg.index], counts_ref[seg.index], sizes_ref[_TOKENS + seg.index]
         state = _dense_segment(state, q, *refs_, bk * tokens, tokens, offset * window, (offset + count) * window,
-                               block=seg.block, split=split, num_splits=num_splits)
+                               block=seg.block, split=split, num_splits=num_splits,
+                               deferred_sum=cfg.deferred_sum)
     capacity = sizes_ref[_REST_CAPACITY]
     m, l, o = _dense_segment(state, q, *rest_refs, bk * capacity, capacity, 0, rest_len_ref[b],
-                             block=rest_block, split=split, num_splits=num_splits)
+                             block=rest_block, split=split, num_splits=num_splits, deferred_sum=cfg.deferred_sum)
     return m, l, (o,)
 
   def quantized_phase(seg, refs_):
@@ -448,7 +475,7 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, sizes_ref, q_ref, *refs, segm
     offset, count, tokens = offsets_ref[seg.index], counts_ref[seg.index], sizes_ref[_TOKENS + seg.index]
     segment = _factored_segment if cfg.factored else _quantized_segment
     return segment(q_parts, refs_, bk, tokens, offset, count, seg=seg, window=window,
-                   split=split, num_splits=num_splits, inline_asm=cfg.inline_asm)
+                   split=split, num_splits=num_splits, inline_asm=cfg.inline_asm, deferred_sum=cfg.deferred_sum)
 
   bodies = [dense_phase] if with_rest else []
   bodies += [functools.partial(quantized_phase, seg, refs_) for seg, refs_ in zip(segments, seg_refs) if seg.bits != 16]

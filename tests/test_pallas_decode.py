@@ -96,6 +96,8 @@ INT4_APART = qd.DecodeConfig(tile_windows=2, dense_tokens=32, min_tokens_per_spl
 # A program runs every phase (segment kind) in turn, or one program runs one phase (by default: small calls).
 IN_TURN = dataclasses.replace(TILED, parallel_phases=False)
 IN_PARALLEL = dataclasses.replace(INT4_APART, parallel_phases=True)
+# The softmax's running sum reduced across the row every step (by default a tile, reduced once a loop).
+SUM_A_STEP = dataclasses.replace(TILED, deferred_sum=False)
 
 
 @pytest.mark.parametrize("batch,kv_heads,group,head_dim,value_group,config", [
@@ -113,6 +115,7 @@ IN_PARALLEL = dataclasses.replace(INT4_APART, parallel_phases=True)
     (1, 2, 8, 64, 16, IN_TURN),
     (2, 2, 7, 128, 0, IN_PARALLEL),
     (1, 2, 8, 64, 32, IN_PARALLEL),
+    (3, 2, 7, 128, 0, SUM_A_STEP),
 ])
 def test_matches_dequantize_then_attend(batch, kv_heads, group, head_dim, value_group, config):
   check_case(batch * 10 + group, batch=batch, kv_heads=kv_heads, group=group, head_dim=head_dim,
