@@ -55,6 +55,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 from typing import Sequence
 
 import jax
@@ -65,7 +66,10 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
 
-_NEG = -1e30  # the running max starts finite, so exp(m_old - m_new) is never inf - inf
+_NEG = -1e30  # the running max starts finite, so exp2(m_old - m_new) is never inf - inf
+# Scores are kept in base 2 (q carries log2 e), so the softmax takes exp2: one MUFU.EX2 an element where
+# exp is a libdevice routine of several instructions around it.
+_LOG2E = math.log2(math.e)
 _BF16_MAGIC = 0x4300  # bf16 bits of 128.0: OR-ing a code c < 128 into them gives 128 + c exactly
 _SPLITS, _TOKENS, _REST_CAPACITY = 0, 1, 4  # entries of the int32 `sizes` operand (pool p at _TOKENS + p)
 
@@ -138,8 +142,8 @@ def _online_softmax(m, l, s):
   them through shared memory and a barrier; the loop's end sums the tile once (`_sum_rows`).
   """
   m_new = jnp.maximum(m, jnp.max(s, axis=1))
-  corr = jnp.exp(m - m_new)
-  p = jnp.exp(s - m_new[:, None])
+  corr = jnp.exp2(m - m_new)
+  p = jnp.exp2(s - m_new[:, None])
   l = l * corr[:, None] + p if l.ndim == 2 else l * corr + jnp.sum(p, axis=1)
   return m_new, l, corr, p
 
@@ -388,8 +392,8 @@ def _factored_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, 
       ours = (win >= start) & (win < offset + count)
       scores.append(jnp.where(ours, s + jnp.sum(bias, axis=1)[:, None], -jnp.inf))
     m_new = functools.reduce(jnp.maximum, [jnp.max(s, axis=1) for s in scores], m)
-    corr = jnp.exp(m - m_new)
-    probs = [jnp.exp(s - m_new[:, None]).astype(jnp.float16) for s in scores]
+    corr = jnp.exp2(m - m_new)
+    probs = [jnp.exp2(s - m_new[:, None]).astype(jnp.float16) for s in scores]
     sums = [jnp.sum(p.astype(jnp.float32), axis=1) for p in probs]  # what the tensor cores will add up
     accs = [acc * corr[:, None] for acc in accs]
     for w, (p, total) in enumerate(zip(probs, sums)):
@@ -445,7 +449,7 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, sizes_ref, q_ref, *refs, segm
     rows = pl.ds(bk * group, padded_group)
     real = lax.broadcasted_iota(jnp.int32, (padded_group, 1), 0) < group
     q = plgpu.load(q_ref.at[rows, cols], mask=jnp.broadcast_to(real, (padded_group, cols.size)), other=0.0)
-    return q.astype(jnp.float32) * q_scale
+    return q.astype(jnp.float32) * (q_scale * _LOG2E)  # scores in base 2: the softmax takes exp2
 
   def write(phase, m, l, accs):  # accs: column blocks of the output, in order
     at = () if parallel_phases else (phase,)  # a parallel program's blocks hold its phase alone
@@ -562,7 +566,8 @@ def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, res
                       tokens_hint: int | None = None, pool_tokens: tuple[int, ...] | None = None,
                       config: DecodeConfig = DecodeConfig(), q_scale: float = 1.0, interpret: bool = False):
   """`quantized_decode` up to its launches: the splits' and phases' unnormalized outputs
-  o [B, K, J', Gp, H] and their m, l [B, K, J', Gp], for `combine_splits`."""
+  o [B, K, J', Gp, H] and their m (running maxima of the scores in base 2), l [B, K, J', Gp], for
+  `combine_splits`."""
   b, kh, g, h = qg.shape
   gp = max(16, 1 << (g - 1).bit_length())
   present = [i for i, kp in enumerate(k_pools) if kp is not None and kp.data.shape[2] > 0]
@@ -659,9 +664,10 @@ def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, 
 
 
 def combine_splits(o: Float[Array, "B K J G H"], m: Float[Array, "B K J G"], l: Float[Array, "B K J G"]):
-  """Merges the splits' unnormalized outputs by their running maxima."""
+  """Merges the splits' unnormalized outputs by their running maxima (of scores in base 2, as the
+  kernel keeps them)."""
   m_max = jnp.max(m, axis=2, keepdims=True)
-  w = jnp.exp(m - m_max)
+  w = jnp.exp2(m - m_max)
   total = jnp.sum(w * l, axis=2)
   out = jnp.sum(w[..., None] * o, axis=2)  # a reduce XLA fuses with the rest, not a batched matmul
   return out / jnp.where(total > 0, total, 1.0)[..., None]
