@@ -27,10 +27,10 @@ channels [k H/P, (k + 1) H/P): the "split" packing makes every part a plain
 shift and mask of the same bytes, and a block of columns of q (keys) or of the
 output (values), so no register shuffles are needed. On the GPU one PTX
 snippet per part turns four bytes into four halves with a byte permute, the
-part's bits masked in place and OR-ed into the bits of 1024.0 (code c of part
-k becomes 1024 + c 2^(k bits) exactly), one f16x2 subtract and one f16x2 fma
-with the window's minimum and its scale divided by 2^(k bits). The
-tiles then meet the tensor cores as in a high-precision step: one K dot per
+part's bits masked in place and OR-ed into the bits of 2^(10 - k bits), whose
+mantissa bit k bits is worth 1 (code c of part k becomes 2^(10 - k bits) + c
+exactly), one f16x2 subtract and one f16x2 fma with the window's scale and
+minimum. The tiles then meet the tensor cores as in a high-precision step: one K dot per
 part, one softmax update, one P.V dot per part.
 
 Small calls, whose time is each program's serial latency, run one program a
@@ -207,17 +207,20 @@ def _dequant_asm(bits: int, part: int) -> str:
 
   The byte permutes put bytes (0, 1) and (2, 3) in the low bytes of two
   halves, so output element e comes from input byte e whatever the register
-  layout. The part's bits, masked in place (no shift) and OR-ed into the bits
-  of 1024.0, make the half 1024 + c 2^(part bits) exactly; subtracting 1024
-  leaves c 2^(part bits), and one f16x2 fma with the scale divided by
-  2^(part bits) (`_dequantize` divides it) and the minimum gives s c + m.
-  Operands: $0 $1 out, $2 codes, $3 $4 scales / 2^(part bits), $5 $6 minimums.
+  layout. The part's bits, masked in place (no shift), sit at mantissa bit
+  k b (k the part, b the bits); OR-ed into the bits of 2^(10 - k b), whose
+  mantissa bit k b is worth exactly 1, they make the half 2^(10 - k b) + c
+  exactly. Subtracting 2^(10 - k b) leaves c, and one f16x2 fma with the
+  scale and the minimum gives s c + m.
+  Operands: $0 $1 out, $2 codes, $3 $4 scales, $5 $6 minimums.
   """
   mask = ((1 << bits) - 1) << (part * bits)
-  lines = ["{", ".reg .b32 t, magic;", "mov.b32 magic, 0x64006400;"]
+  magic = (15 + 10 - part * bits) << 10  # the half 2^(10 - k b): exponent field 15 + 10 - k b, mantissa 0
+  magic = f"{magic | magic << 16:#010x}"
+  lines = ["{", ".reg .b32 t, magic;", f"mov.b32 magic, {magic};"]
   for half, select in enumerate(("0x3120", "0x1302")):
     lines += [f"prmt.b32 t, $2, $2, {select};",
-              f"lop3.b32 t, t, {mask | mask << 16:#010x}, 0x64006400, 0xea;",  # (a & b) | c
+              f"lop3.b32 t, t, {mask | mask << 16:#010x}, {magic}, 0xea;",  # (a & b) | c
               "sub.f16x2 t, t, magic;",
               f"fma.rn.f16x2 ${half}, t, ${3 + half}, ${5 + half};"]
   return "\n".join(lines + ["}"])
@@ -226,16 +229,13 @@ def _dequant_asm(bits: int, part: int) -> str:
 def _dequantize(codes, scales, minimums, *, bits: int, inline_asm: bool):
   """Codes [T, H/P] uint8 -> P half tiles [T, H/P]: part k is s * ((codes >> k*bits) & mask) + m.
 
-  With `inline_asm` the codes stay shifted by k*bits, so part k's scales must come divided by
-  2^(k*bits) (`_unshift`), which is exact.
-
   Part k holds channels [k*H/P, (k+1)*H/P) ("split" packing), so parts meet q
   and the output as column blocks, without any shuffling of registers.
   """
   mask = (1 << bits) - 1
   out = []
   for k, (s, m) in enumerate(zip(scales, minimums)):
-    if inline_asm:  # the code stays shifted by k*bits; s, divided by 2^(k*bits) (`_unshift`), undoes it
+    if inline_asm:
       out += plgpu.elementwise_inline_asm(
           _dequant_asm(bits, k), args=[codes, s, m],
           constraints="=r,=r,r,r,r,r,r", pack=4,
@@ -243,11 +243,6 @@ def _dequantize(codes, scales, minimums, *, bits: int, inline_asm: bool):
     else:
       out.append(((codes >> jnp.uint8(k * bits)) & jnp.uint8(mask)).astype(jnp.float16) * s + m)
   return out
-
-
-def _unshift(bits: int, part: int, inline_asm: bool) -> float:
-  """The factor part `part`'s scales take for `_dequantize`: 2^(-part*bits) where its codes stay shifted."""
-  return 2.0 ** (-part * bits) if inline_asm else 1.0
 
 
 def _raw_asm(bits: int, part: int) -> str:
@@ -277,19 +272,17 @@ def _raw_codes(codes, *, bits: int, part: int, inline_asm: bool):
   return c.astype(jnp.float16) * jnp.float16(1.0 / (1 << bits)) + jnp.float16(1.0)
 
 
-def _window_meta(s_ref, m_ref, first, tile, width, part, window, scale_by=1.0):
-  """Scale (times `scale_by`) and minimum of `tile` windows for one part's channels, as half tiles
-  [tile * S, width]. The product is taken before the broadcast: once a window, not once a token."""
+def _window_meta(s_ref, m_ref, first, tile, width, part, window):
+  """Scale and minimum of `tile` windows for one part's channels, as half tiles [tile * S, width]."""
   rows, cols = pl.ds(first, tile), pl.ds(part * width, width)
 
   def per_token(x):
     return jnp.broadcast_to(x[:, None, :], (tile, window, width)).reshape(tile * window, width)
 
-  scale = s_ref[rows, cols].astype(jnp.float16) * jnp.float16(scale_by)
-  return per_token(scale), per_token(m_ref[rows, cols].astype(jnp.float16))
+  return per_token(s_ref[rows, cols].astype(jnp.float16)), per_token(m_ref[rows, cols].astype(jnp.float16))
 
 
-def _token_meta(s_ref, m_ref, rows, size, width, part, group, scale_by=1.0):
+def _token_meta(s_ref, m_ref, rows, size, width, part, group):
   """Per-token scale and minimum of C-channel groups (KIVI values) for one part, as [T, width] halves.
 
   Loads only the part's column of groups. Loading the [T, H/C] rows whole and picking a part's groups
@@ -302,8 +295,7 @@ def _token_meta(s_ref, m_ref, rows, size, width, part, group, scale_by=1.0):
   def per_channel(x):
     return jnp.broadcast_to(x[:, :, None], (size, n, width // n)).reshape(size, width)
 
-  scale = s_ref[rows, cols].astype(jnp.float16) * jnp.float16(scale_by)
-  return per_channel(scale), per_channel(m_ref[rows, cols].astype(jnp.float16))
+  return per_channel(s_ref[rows, cols].astype(jnp.float16)), per_channel(m_ref[rows, cols].astype(jnp.float16))
 
 
 def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, split, num_splits,
@@ -322,7 +314,6 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
   pool_windows = tokens // window
   lo, hi = _split_range(pl.cdiv(count, tile), split, num_splits)
   dequantize = functools.partial(_dequantize, bits=seg.bits, inline_asm=inline_asm)
-  unshift = functools.partial(_unshift, seg.bits, inline_asm=inline_asm)
   q_parts = [qk.astype(jnp.float16) for qk in q_parts]
 
   def step(i, carry):
@@ -332,15 +323,15 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
     win = first + lax.broadcasted_iota(jnp.int32, (1, size), 1) // window
     rows = pl.ds(bk * tokens + first * window, size)
     meta = bk * pool_windows + first
-    k_meta = [_window_meta(ks_ref, km_ref, meta, tile, width, k, window, unshift(k)) for k in range(parts)]
+    k_meta = [_window_meta(ks_ref, km_ref, meta, tile, width, k, window) for k in range(parts)]
     keys = dequantize(k_ref[rows, :], [s for s, _ in k_meta], [mn for _, mn in k_meta])
     s = functools.reduce(jnp.add, [_dot_t(qk, kk) for qk, kk in zip(q_parts, keys)])  # no add of a zero
     s = jnp.where((win >= start) & (win < offset + count), s, -jnp.inf)
     m, l, corr, p = _online_softmax(m, l, s)
     if seg.value_group:
-      v_meta = [_token_meta(vs_ref, vm_ref, rows, size, width, k, seg.value_group, unshift(k)) for k in range(parts)]
+      v_meta = [_token_meta(vs_ref, vm_ref, rows, size, width, k, seg.value_group) for k in range(parts)]
     else:
-      v_meta = [_window_meta(vs_ref, vm_ref, meta, tile, width, k, window, unshift(k)) for k in range(parts)]
+      v_meta = [_window_meta(vs_ref, vm_ref, meta, tile, width, k, window) for k in range(parts)]
     values = dequantize(v_ref[rows, :], [s for s, _ in v_meta], [mn for _, mn in v_meta])
     p = p.astype(jnp.float16)
     return m, l, tuple(a * corr[:, None] + _dot(p, v) for a, v in zip(accs, values))
@@ -401,8 +392,7 @@ def _factored_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, 
       rows = pl.ds(bk * tokens + win * window, window)
       codes = v_ref[rows, :]
       if seg.value_group:
-        metas = [_token_meta(vs_ref, vm_ref, rows, window, width, k, seg.value_group,
-                                 _unshift(seg.bits, k, inline_asm)) for k in range(parts)]
+        metas = [_token_meta(vs_ref, vm_ref, rows, window, width, k, seg.value_group) for k in range(parts)]
         values = _dequantize(codes, [x for x, _ in metas], [y for _, y in metas], bits=seg.bits,
                              inline_asm=inline_asm)
         accs = [acc + _dot(p, v) for acc, v in zip(accs, values)]
