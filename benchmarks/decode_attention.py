@@ -398,6 +398,13 @@ VARIANTS = {
     "p4": qd.DecodeConfig(programs_per_multiprocessor=4),
     # the softmax's running sum reduced across warps every step (the default defers it to the loop's end)
     "sum_a_step": qd.DecodeConfig(deferred_sum=False),
+    # one warp a program: no exchange across warps a step (the row max and P stay in the warp's registers);
+    # offline SASS (2026-12-03): INT2 1,029 instructions a 32-token step (32 a token against 40 at 4 warps),
+    # INT4 1,106, 255 registers (8 programs an SM); at two windows a step the INT2 loop spills (untimed)
+    "w1t1": qd.DecodeConfig(num_warps=1, tile_windows=1, int4_tile_windows=None, programs_per_multiprocessor=8,
+                            int4_launch=None),
+    "w1t2": qd.DecodeConfig(num_warps=1, tile_windows=2, int4_tile_windows=None, programs_per_multiprocessor=8,
+                            int4_launch=None),
     # four INT2 windows a step (two programs an SM)
     "t4p2": qd.DecodeConfig(tile_windows=4, programs_per_multiprocessor=2),
     # 2 warps, one window a step for every pool (186 registers on the mix plan: 5 programs an SM)
