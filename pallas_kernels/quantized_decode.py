@@ -344,6 +344,8 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
 def _factored_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, split, num_splits,
                       inline_asm, deferred_sum=False):
   """Windows [offset, offset + count) of a quantized pool, `seg.block` windows a step, never dequantized.
+  (`deferred_sum` is taken for `_quantized_segment`'s signature and ignored: the value sums need each
+  window's row sum of p anyway.)
 
   With r = 1 + c / 2^b (the code as a half, two instructions a pair) and the
   window's per-channel scale s and minimum m, a value is s c + m = S r + M
