@@ -35,7 +35,7 @@ part, one softmax update, one P.V dot per part.
 
 Small calls, whose time is each program's serial latency, run one program a
 phase instead (`DecodeConfig.parallel_phases`, by default where that grid fits
-one wave of resident programs): batch 1 x 1k went from 13.2 to 8.7 us of GPU time.
+two waves of resident programs): batch 1 x 1k went from 13.2 to 8.7 us of GPU time.
 
 INT4 pools take a launch of their own by default (`DecodeConfig.int4_launch`)
 where they hold enough tokens to fill it, with their own warps and splits; the
@@ -113,8 +113,13 @@ class DecodeConfig:
   num_warps: int = 4
   num_stages: int = 3
   # One program a phase (segment kind) instead of one running them in turn; None: where that grid still
-  # fits one wave of resident programs (small calls, whose time is each program's serial latency).
+  # fits `parallel_phase_waves` waves of resident programs (small calls, whose time is each program's
+  # serial latency).
   parallel_phases: bool | None = None
+  # Mixed plan, µs of GPU time, a program a phase against phases in turn (H200, 2026-12-03, one run each):
+  # 1 x 1k (0.24 waves) 8.7 / 13.2; 8 x 1k and 1 x 8k (1.94 waves) 16.7 / 18.0 and 17.9 / 19.4;
+  # 8 x 8k (2.9) 48.0 / 48.3; 1 x 32k (3.0) 32.6 / 31.3.
+  parallel_phase_waves: float = 2.0
   inline_asm: bool = True  # unpack codes with f16x2 PTX (GPU); plain jnp ops otherwise (and in interpret mode)
   # Carry the softmax's running sum as a tile and sum its rows once a loop, not once a step (a reduction
   # across warps: shared memory and a barrier a step). Off for the factored form, whose steps sum p anyway.
@@ -586,12 +591,13 @@ def int4_launch_pays(config: DecodeConfig, int4_tokens: int) -> bool:
 
 def phases_in_parallel(config: DecodeConfig, programs: int, phases: int) -> bool:
   """Whether a launch of `programs` (request, KV head, split) programs runs each of its `phases` in a
-  program of its own: as configured, or (None) where that grid still fits one wave of resident programs,
-  so that no program waits and each one's serial latency shrinks to one segment's."""
+  program of its own: as configured, or (None) where that grid still fits `parallel_phase_waves` waves of
+  resident programs, so that each program's serial latency shrinks to one segment's without the extra
+  programs costing more waves than that saves."""
   if phases < 2 or config.parallel_phases is False:
     return False
   slots = _multiprocessors(config) * config.programs_per_multiprocessor
-  return bool(config.parallel_phases) or programs * phases <= slots
+  return bool(config.parallel_phases) or programs * phases <= config.parallel_phase_waves * slots
 
 
 def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, pools: list[int], with_rest: bool,

@@ -194,13 +194,18 @@ def test_int4_launch_only_where_it_pays():
   assert launches(INT4_APART) == 2
 
 
-def test_phases_in_parallel_only_within_one_wave():
-  """By default a program runs one phase only where that grid still fits one wave: batch 1 x 1k tokens
-  (4 heads x 8 splits x 3 phases on 396 slots), not batch 8 x 32k, whose programs fill waves already."""
+def test_phases_in_parallel_only_within_two_waves():
+  """By default a program runs one phase only where that grid still fits two waves: batch 1 x 1k and
+  8 x 1k tokens (4 heads x 8 splits x 3 phases: 96 and 768 programs on 396 slots), not batch 1 x 32k
+  or 8 x 32k, whose programs fill waves already."""
   cfg = qd.DecodeConfig(multiprocessors=132)
   small = 4 * qd.num_splits(1, 4, 1024, cfg)
   assert qd.phases_in_parallel(cfg, small, 3)
+  assert qd.phases_in_parallel(cfg, 32 * qd.num_splits(8, 4, 1024, cfg), 3)
   assert not qd.phases_in_parallel(cfg, small, 1)  # nothing to spread
   assert not qd.phases_in_parallel(dataclasses.replace(cfg, parallel_phases=False), small, 3)
+  assert not qd.phases_in_parallel(cfg, 4 * qd.num_splits(1, 4, 32768, cfg), 3)
   assert not qd.phases_in_parallel(cfg, 32 * qd.num_splits(8, 4, 32768, cfg), 3)
+  assert not qd.phases_in_parallel(dataclasses.replace(cfg, parallel_phase_waves=1.0),
+                                   32 * qd.num_splits(8, 4, 1024, cfg), 3)
   assert qd.phases_in_parallel(dataclasses.replace(cfg, parallel_phases=True), 10_000, 2)
