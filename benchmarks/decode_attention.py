@@ -393,7 +393,8 @@ VARIANTS = {
     # the main launch's grid sized for 4 programs an SM: with q in bf16 it compiles to 128 registers (kernel_sass.py,
     # 2026-12-03), so four 4-warp programs fit (untimed)
     "p4_i4w2": qd.DecodeConfig(programs_per_multiprocessor=4, int4_launch_min_tokens=0),
-    # the registered default, and the same with the grid sized for 4 programs an SM (the main launch's 128 registers)
+    # the registered default, and the same with the grid sized for 4 programs an SM (the pip Triton's 128 registers
+    # of 12:45; run 9, 2026-12-03: 171 against 155 µs, so XLA's Triton likely allocates more)
     "default": qd.DecodeConfig(),
     "p4": qd.DecodeConfig(programs_per_multiprocessor=4),
     # the softmax's running sum reduced across warps every step (the default defers it to the loop's end)
@@ -405,7 +406,7 @@ VARIANTS = {
                             int4_launch=None),
     "w1t2": qd.DecodeConfig(num_warps=1, tile_windows=2, int4_tile_windows=None, programs_per_multiprocessor=8,
                             int4_launch=None),
-    # four INT2 windows a step (two programs an SM)
+    # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)
     "t4p2": qd.DecodeConfig(tile_windows=4, programs_per_multiprocessor=2),
     # 2 warps, one window a step for every pool (186 registers on the mix plan: 5 programs an SM)
     "t1w2p5": qd.DecodeConfig(tile_windows=1, int4_tile_windows=None, num_warps=2, programs_per_multiprocessor=5,

@@ -70,7 +70,6 @@ _NEG = -1e30  # the running max starts finite, so exp2(m_old - m_new) is never i
 # Scores are kept in base 2 (q carries log2 e), so the softmax takes exp2: one MUFU.EX2 an element where
 # exp is a libdevice routine of several instructions around it.
 _LOG2E = math.log2(math.e)
-_BF16_MAGIC = 0x4300  # bf16 bits of 128.0: OR-ing a code c < 128 into them gives 128 + c exactly
 _SPLITS, _TOKENS, _REST_CAPACITY = 0, 1, 4  # entries of the int32 `sizes` operand (pool p at _TOKENS + p)
 
 
@@ -347,10 +346,8 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
 
 
 def _factored_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, split, num_splits,
-                      inline_asm, deferred_sum=False):
+                      inline_asm):
   """Windows [offset, offset + count) of a quantized pool, `seg.block` windows a step, never dequantized.
-  (`deferred_sum` is taken for `_quantized_segment`'s signature and ignored: the value sums need each
-  window's row sum of p anyway.)
 
   With r = 1 + c / 2^b (the code as a half, two instructions a pair) and the
   window's per-channel scale s and minimum m, a value is s c + m = S r + M
@@ -474,9 +471,11 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, sizes_ref, q_ref, *refs, segm
     width = head_dim * seg.bits // 8
     q_parts = [load_q(pl.ds(k * width, width)) for k in range(8 // seg.bits)]
     offset, count, tokens = offsets_ref[seg.index], counts_ref[seg.index], sizes_ref[_TOKENS + seg.index]
-    segment = _factored_segment if cfg.factored else _quantized_segment
+    # The factored form sums each window's row of p anyway (its value sums need it): no deferred sum.
+    segment = _factored_segment if cfg.factored else functools.partial(_quantized_segment,
+                                                                       deferred_sum=cfg.deferred_sum)
     return segment(q_parts, refs_, bk, tokens, offset, count, seg=seg, window=window,
-                   split=split, num_splits=num_splits, inline_asm=cfg.inline_asm, deferred_sum=cfg.deferred_sum)
+                   split=split, num_splits=num_splits, inline_asm=cfg.inline_asm)
 
   bodies = [dense_phase] if with_rest else []
   bodies += [functools.partial(quantized_phase, seg, refs_) for seg, refs_ in zip(segments, seg_refs) if seg.bits != 16]
