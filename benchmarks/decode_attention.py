@@ -404,6 +404,8 @@ VARIANTS = {
     # INT4 1,106, 255 registers (8 programs an SM); at two windows a step the INT2 loop spills (untimed)
     "w1t1": qd.DecodeConfig(num_warps=1, tile_windows=1, int4_tile_windows=None, programs_per_multiprocessor=8,
                             int4_launch=None),
+    "w1t1s4": qd.DecodeConfig(num_warps=1, tile_windows=1, int4_tile_windows=None, programs_per_multiprocessor=8,
+                              int4_launch=None, num_stages=4),
     "w1t2": qd.DecodeConfig(num_warps=1, tile_windows=2, int4_tile_windows=None, programs_per_multiprocessor=8,
                             int4_launch=None),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)

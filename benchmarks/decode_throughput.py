@@ -524,7 +524,9 @@ def parse_args(argv=None):
   parser.add_argument("--tiny", action="store_true", help="the tests' tiny LLaVA-OneVision (CPU, seconds)")
   parser.add_argument("--settings", nargs="+", help="BATCHxFRAMES (default 60x5 20x5 1x100 32x100)")
   parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
-  parser.add_argument("--attention", nargs="+", default=["xla", "pallas"] if gpu else ["xla"])
+  parser.add_argument("--attention", nargs="+", default=["xla", "pallas"] if gpu else ["xla"],
+                      help="implementations; pallas:NAME is the kernel with benchmarks.decode_attention's "
+                      "tiling variant NAME")
   parser.add_argument("--steps", type=int, default=32, help="tokens a loop makes (steps - 1 decode steps)")
   parser.add_argument("--repeats", type=int, default=2, help="timed calls a loop, after the warm-up")
   parser.add_argument("--capacity", action="store_true")
@@ -541,7 +543,20 @@ def parse_args(argv=None):
   args.methods = sorted(dict.fromkeys(args.methods), key=lambda m: m != "fp16")
   if args.steps < 2:
     parser.error("--steps must be at least 2 (the first token comes from the prefill)")
+  for name in args.attention:
+    if name.startswith("pallas:"):
+      register_kernel_variant(name, parser)
   return args
+
+
+def register_kernel_variant(name: str, parser) -> None:
+  """Registers `pallas:VARIANT` as an attention implementation: the kernel with that tiling."""
+  from benchmarks.decode_attention import VARIANTS
+  from pallas_kernels import registration
+  variant = name.split(":", 1)[1]
+  if variant not in VARIANTS:
+    parser.error(f"--attention {name}: no kernel variant {variant!r}; known: {', '.join(VARIANTS)}")
+  registration.register_variant(name, VARIANTS[variant])
 
 
 def measure_device(model, args) -> dict:

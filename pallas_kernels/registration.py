@@ -22,13 +22,21 @@ def _arrays(pool: Pool, used_windows: int) -> quantized_decode.PoolArrays | None
   return quantized_decode.PoolArrays(pool.data, pool.scale, pool.minimum, pool.bits, pool.channel_group)
 
 
-@attention.register("pallas", scales_q=True)
-def pallas_attention(qg: Float[Array, "B K G H"], layer: LayerCache, *, scale: float) -> Float[Array, "B K G H"]:
-  k_pools = tuple(_arrays(p, n) for p, n in zip(layer.k_pools, layer.slice_windows))
-  v_pools = tuple(_arrays(p, n) for p, n in zip(layer.v_pools, layer.slice_windows))
-  # The most tokens a layer can own: it sets the split count, so it must be static.
-  pool_tokens = tuple(n * layer.window_size for n in layer.slice_windows)
-  return quantized_decode.quantized_decode(
-      qg, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len,
-      window_size=layer.window_size, tokens_hint=sum(pool_tokens) + layer.rest_k.shape[2],
-      pool_tokens=pool_tokens, q_scale=scale, interpret=jax.default_backend() == "cpu")
+def register_variant(name: str, config: quantized_decode.DecodeConfig) -> None:
+  """Registers the kernel with tiling `config` as implementation `name` (benchmarks time variants
+  end to end this way)."""
+
+  def pallas_attention(qg: Float[Array, "B K G H"], layer: LayerCache, *, scale: float) -> Float[Array, "B K G H"]:
+    k_pools = tuple(_arrays(p, n) for p, n in zip(layer.k_pools, layer.slice_windows))
+    v_pools = tuple(_arrays(p, n) for p, n in zip(layer.v_pools, layer.slice_windows))
+    # The most tokens a layer can own: it sets the split count, so it must be static.
+    pool_tokens = tuple(n * layer.window_size for n in layer.slice_windows)
+    return quantized_decode.quantized_decode(
+        qg, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len,
+        window_size=layer.window_size, tokens_hint=sum(pool_tokens) + layer.rest_k.shape[2],
+        pool_tokens=pool_tokens, config=config, q_scale=scale, interpret=jax.default_backend() == "cpu")
+
+  attention.register(name, scales_q=True)(pallas_attention)
+
+
+register_variant("pallas", quantized_decode.DecodeConfig())
