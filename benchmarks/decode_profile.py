@@ -17,6 +17,7 @@ import collections
 import glob
 import gzip
 import json
+import os
 import re
 import tempfile
 import time
@@ -74,15 +75,17 @@ def summarize(events: list[dict], steps: int) -> dict:
     return {"busy_us_step": 0.0, "span_us_step": 0.0, "kernels_step": 0.0, "by_kernel": []}
   span = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
   by_name = collections.defaultdict(lambda: [0, 0.0])
+  samples = {}  # a kernel name's first event's arguments (the profiler's HLO op and module, where given)
   for e in events:
+    samples.setdefault(kernel_name(e), e.get("args", {}))
     entry = by_name[kernel_name(e)]
     entry[0] += 1
     entry[1] += e["dur"]
   busy = busy_us(events)
   kernels = sorted(by_name.items(), key=lambda kv: -kv[1][1])
   return {"busy_us_step": busy / steps, "span_us_step": span / steps, "kernels_step": len(events) / steps,
-          "by_kernel": [{"kernel": k, "per_step": n / steps, "us_step": us / steps, "share": us / busy}
-                        for k, (n, us) in kernels]}
+          "by_kernel": [{"kernel": k, "per_step": n / steps, "us_step": us / steps, "share": us / busy,
+                         "sample_args": samples[k]} for k, (n, us) in kernels]}
 
 
 def profile_loop(compiled, arrays, log_dir: Path) -> tuple[dict, float]:
@@ -107,6 +110,7 @@ def main(argv=None):
   ap.add_argument("--attention", nargs="+", default=["pallas"])
   ap.add_argument("--steps", type=int, default=9, help="tokens a loop makes (steps - 1 decode steps)")
   ap.add_argument("--top", type=int, default=25, help="kernels listed a loop")
+  ap.add_argument("--tag", default="", help="appended to the results' name")
   ap.add_argument("--out", type=Path)
   args = ap.parse_args(argv)
   for name in args.attention:
@@ -144,13 +148,13 @@ def main(argv=None):
       rows.append({**job.label, "kernel": "(wall clock)", "us_step": wall})
       rows.append({**job.label, "kernel": "(GPU busy: union of kernels)", "us_step": summary["busy_us_step"],
                    "per_step": summary["kernels_step"]})
-      rows += [{**job.label, **k} for k in summary["by_kernel"][:args.top]]
+      rows += [{**job.label, **{c: k[c] for c in COLUMNS[3:]}} for k in summary["by_kernel"][:args.top]]
   tag = "tiny" if args.tiny else args.preset
   path = harness.write_results(
-      f"decode_profile_{tag}", rows, COLUMNS, f"Decode-step GPU time by kernel, random-weight {tag}",
+      f"decode_profile_{tag}{'_' + args.tag if args.tag else ''}", rows, COLUMNS, f"Decode-step GPU time by kernel, random-weight {tag}",
       notes=("per_step: launches a decode step; us_step: their GPU time a step (a profiled loop of "
              f"{args.steps - 1} steps after a warm-up); share: of the GPU's busy time. The wall clock is an "
-             "unprofiled call of the same loop."), out_dir=args.out)
+             f"unprofiled call of the same loop. XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`"), out_dir=args.out)
   path.with_name(path.stem + "_loops.json").write_text(json.dumps(loops, indent=1))
   print(path.read_text())
 
