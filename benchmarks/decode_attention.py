@@ -401,13 +401,17 @@ VARIANTS = {
     "sum_a_step": qd.DecodeConfig(deferred_sum=False),
     # one warp a program: no exchange across warps a step (the row max and P stay in the warp's registers);
     # offline SASS (2026-12-03): INT2 1,029 instructions a 32-token step (32 a token against 40 at 4 warps),
-    # INT4 1,106, 255 registers (8 programs an SM); at two windows a step the INT2 loop spills (untimed)
+    # INT4 1,106, 255 registers (8 programs an SM); at two windows a step the INT2 loop spills. Run 12
+    # (15:34, batch 8 x 32k, µs, mix / int2 / int4): w1t1 279 / 335 / 184, w1t1s4 350 / 436 / 231,
+    # w1t2 213 / 173 / 201, against the default's 167 / 132 / 125: far slower
     "w1t1": qd.DecodeConfig(num_warps=1, tile_windows=1, int4_tile_windows=None, programs_per_multiprocessor=8,
                             int4_launch=None),
     "w1t1s4": qd.DecodeConfig(num_warps=1, tile_windows=1, int4_tile_windows=None, programs_per_multiprocessor=8,
                               int4_launch=None, num_stages=4),
     "w1t2": qd.DecodeConfig(num_warps=1, tile_windows=2, int4_tile_windows=None, programs_per_multiprocessor=8,
                             int4_launch=None),
+    # the partial softmaxes merged by one Pallas launch instead of XLA's four small kernels (untimed)
+    "fused_combine": qd.DecodeConfig(fused_combine=True),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)
     "t4p2": qd.DecodeConfig(tile_windows=4, programs_per_multiprocessor=2),
     # 2 warps, one window a step for every pool (186 registers on the mix plan: 5 programs an SM)

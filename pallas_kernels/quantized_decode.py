@@ -124,6 +124,11 @@ class DecodeConfig:
   # across warps: shared memory and a barrier a step). Off for the factored form, whose steps sum p anyway.
   deferred_sum: bool = True
   factored: bool = False  # scales folded into q (keys) and applied to P.V sums (values); else dequantize each code
+  # Merge the partial softmaxes in one Pallas launch (`combine_kernel`) rather than XLA's four kernels (max,
+  # weights and sum, weighted sum, slice to G rows): small kernels whose launches cost more than their work
+  # at batch 1 (7B profile, H200, 2026-12-03: ~14 µs a layer). Untimed on a GPU so far, so off.
+  fused_combine: bool = False
+  combine_splits_a_step: int = 8  # partial softmaxes the combine kernel merges a loop step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -554,6 +559,8 @@ def quantized_decode(
   o, m, l = partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                               window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
                               config=config, q_scale=q_scale, interpret=interpret)
+  if config.fused_combine:
+    return combine_kernel(o, m, l, qg.shape[2], splits_a_step=config.combine_splits_a_step, interpret=interpret)
   # Slicing o, m and l to G rows before the combine made it 1.7 us slower at batch 1 x 1k (H200).
   return combine_splits(o, m, l)[:, :, :qg.shape[2]]
 
@@ -668,6 +675,55 @@ def combine_splits(o: Float[Array, "B K J G H"], m: Float[Array, "B K J G"], l: 
   total = jnp.sum(w * l, axis=2)
   out = jnp.sum(w[..., None] * o, axis=2)  # a reduce XLA fuses with the rest, not a batched matmul
   return out / jnp.where(total > 0, total, 1.0)[..., None]
+
+
+def _combine_body(o_ref, m_ref, l_ref, out_ref, *, parts: int, group: int, step: int):
+  """One (request, KV head): merges its `parts` partial softmaxes, `step` at a time, online.
+
+  A step's rows start at min(c * step, parts - step), so every load stays in
+  bounds; rows an earlier step merged are masked out by weight 0.
+  """
+  bk = pl.program_id(0)
+  padded_group, head_dim = o_ref.shape[1], o_ref.shape[2]
+
+  def merge(c, carry):
+    m_run, l_run, o_run = carry
+    first = jnp.minimum(c * step, parts - step)
+    rows = pl.ds(bk * parts + first, step)
+    fresh = (first + lax.broadcasted_iota(jnp.int32, (step, padded_group), 0)) >= c * step
+    m = jnp.where(fresh, m_ref[rows, :], _NEG)
+    m_new = jnp.maximum(m_run, jnp.max(m, axis=0))
+    w = jnp.where(fresh, jnp.exp2(m - m_new[None, :]), 0.0)  # [step, Gp]
+    rescale = jnp.exp2(m_run - m_new)
+    l_new = l_run * rescale + jnp.sum(w * l_ref[rows, :], axis=0)
+    o_new = o_run * rescale[:, None] + jnp.sum(w[:, :, None] * o_ref[rows, :, :], axis=0)
+    return m_new, l_new, o_new
+
+  m, l, o = lax.fori_loop(0, pl.cdiv(parts, step), merge, _fresh(padded_group, head_dim, 1)[:2] + (
+      jnp.zeros((padded_group, head_dim), jnp.float32),))
+  out = o / jnp.where(l > 0, l, 1.0)[:, None]
+  real = lax.broadcasted_iota(jnp.int32, (padded_group, head_dim), 0) < group
+  plgpu.store(out_ref.at[pl.ds(bk * group, padded_group), :], out.astype(out_ref.dtype), mask=real)
+
+
+def combine_kernel(o: Float[Array, "B K J Gp H"], m: Float[Array, "B K J Gp"], l: Float[Array, "B K J Gp"],
+                   group: int, *, splits_a_step: int = 8, interpret: bool = False) -> Float[Array, "B K G H"]:
+  """`combine_splits` and the slice to the G real rows, as one launch: a program per (request, KV head)."""
+  b, kh, parts, gp, h = o.shape
+  step = min(splits_a_step, _pow2_floor(parts))
+  whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
+  inputs = [o.reshape(b * kh * parts, gp, h), m.reshape(b * kh * parts, gp), l.reshape(b * kh * parts, gp)]
+  out = pl.pallas_call(
+      functools.partial(_combine_body, parts=parts, group=group, step=step),
+      grid=(b * kh,),
+      in_specs=[whole(x) for x in inputs],
+      out_specs=pl.BlockSpec((pl.Element(b * kh * group), pl.Element(h)), lambda i: (0, 0)),
+      out_shape=jax.ShapeDtypeStruct((b * kh * group, h), jnp.float32),
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret,
+      name="wq_combine_splits",
+  )(*inputs)
+  return out.reshape(b, kh, group, h)
 
 
 # ----------------------------------------------------------------------------- reference

@@ -209,3 +209,30 @@ def test_phases_in_parallel_only_within_two_waves():
   assert not qd.phases_in_parallel(dataclasses.replace(cfg, parallel_phase_waves=1.0),
                                    32 * qd.num_splits(8, 4, 1024, cfg), 3)
   assert qd.phases_in_parallel(dataclasses.replace(cfg, parallel_phases=True), 10_000, 2)
+
+
+@pytest.mark.parametrize("parts,group,step", [(13, 7, 8), (4, 8, 8), (1, 7, 8), (99, 7, 4)])
+def test_combine_kernel_matches_combine_splits(parts, group, step):
+  """The one-launch combine against XLA's, on fresh partial softmaxes: empty parts (m at its start value,
+  l = 0), a part count no step divides, and steps that overlap the previous one at the end."""
+  b, kh, gp, h = 3, 2, 16, 64
+  k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(parts * 10 + group), 4)
+  o = jax.random.normal(k1, (b, kh, parts, gp, h)) * 5
+  m = jax.random.normal(k2, (b, kh, parts, gp)) * 4
+  l = jax.random.uniform(k3, (b, kh, parts, gp), minval=0.5, maxval=3.0)
+  empty = jax.random.bernoulli(k4, 0.3, (b, kh, parts, 1))
+  m, l, o = jnp.where(empty, qd._NEG, m), jnp.where(empty, 0.0, l), jnp.where(empty[..., None], 0.0, o)
+  want = qd.combine_splits(o, m, l)[:, :, :group]
+  got = jax.jit(lambda *a: qd.combine_kernel(*a, group, splits_a_step=step, interpret=True))(o, m, l)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_combine_through_the_kernel():
+  check_case(21, batch=3, kv_heads=2, group=7, head_dim=128, config=dataclasses.replace(TILED, fused_combine=True))
+
+
+def test_combine_kernel_lowers_to_triton_for_cuda():
+  o = jnp.zeros((1, 4, 99, 16, 128))
+  m = l = jnp.zeros((1, 4, 99, 16))
+  text = jax.jit(lambda *a: qd.combine_kernel(*a, 7)).trace(o, m, l).lower(lowering_platforms=("cuda",)).as_text()
+  assert "wq_combine_splits" in text
