@@ -330,7 +330,7 @@ def decode_step(
   def body(carry, xs):
     h, cache = carry
     lp, l = xs
-    lc = cache.layer(l)
+    lc = cache.layer(l, stacked=True)
     x = layers.rms_norm(h[:, None], lp["attn_norm"], cfg.rms_norm_eps)
     q, k, v = project_qkv(lp, cfg, x, cos, sin)
     lc = lc.append(k[:, 0], v[:, 0])

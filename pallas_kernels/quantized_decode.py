@@ -70,7 +70,9 @@ _NEG = -1e30  # the running max starts finite, so exp2(m_old - m_new) is never i
 # Scores are kept in base 2 (q carries log2 e), so the softmax takes exp2: one MUFU.EX2 an element where
 # exp is a libdevice routine of several instructions around it.
 _LOG2E = math.log2(math.e)
-_SPLITS, _TOKENS, _REST_CAPACITY = 0, 1, 4  # entries of the int32 `sizes` operand (pool p at _TOKENS + p)
+# entries of the int32 `sizes` operand (pool p at _TOKENS + p); _PAIRS: B * K, the rows of a layer's rest segment
+# are (layer * _PAIRS + request * K + head) * capacity...
+_SPLITS, _TOKENS, _REST_CAPACITY, _PAIRS = 0, 1, 4, 5
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["data", "scale", "minimum"],
@@ -420,7 +422,7 @@ def _fresh(rows: int, width: int, parts: int):
           tuple(jnp.zeros((rows, width), jnp.float32) for _ in range(parts)))
 
 
-def _kernel(offsets_ref, counts_ref, rest_len_ref, sizes_ref, q_ref, *refs, segments: tuple[_Segment, ...],
+def _kernel(offsets_ref, counts_ref, rest_len_ref, layer_ref, sizes_ref, q_ref, *refs, segments: tuple[_Segment, ...],
             kv_heads, group, padded_group, window, rest_block, with_rest: bool, phases: int,
             parallel_phases: bool, q_scale: float, cfg: DecodeConfig):
   """One (request, KV head, split): its share of every segment, as partial softmaxes (o, m, l).
@@ -468,7 +470,8 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, sizes_ref, q_ref, *refs, segm
                                block=seg.block, split=split, num_splits=num_splits,
                                deferred_sum=cfg.deferred_sum)
     capacity = sizes_ref[_REST_CAPACITY]
-    m, l, o = _dense_segment(state, q, *rest_refs, bk * capacity, capacity, 0, rest_len_ref[b],
+    rows = (layer_ref[0] * sizes_ref[_PAIRS] + bk) * capacity  # the stacked segment's rows of this layer
+    m, l, o = _dense_segment(state, q, *rest_refs, rows, capacity, 0, rest_len_ref[b],
                              block=rest_block, split=split, num_splits=num_splits, deferred_sum=cfg.deferred_sum)
     return m, l, (o,)
 
@@ -538,8 +541,8 @@ def quantized_decode(
     v_pools: Sequence[PoolArrays | None],
     offsets: Int[Array, "3"],
     counts: Int[Array, "3"],
-    rest_k: Float[Array, "B K R H"],
-    rest_v: Float[Array, "B K R H"],
+    rest_k: Float[Array, "B K R H"] | Float[Array, "L B K R H"],
+    rest_v: Float[Array, "B K R H"] | Float[Array, "L B K R H"],
     rest_len: Int[Array, "B"],
     *,
     window_size: int,
@@ -547,6 +550,7 @@ def quantized_decode(
     pool_tokens: tuple[int, ...] | None = None,
     config: DecodeConfig = DecodeConfig(),
     q_scale: float = 1.0,
+    rest_layer: Int[Array, ""] | None = None,
     interpret: bool = False,
 ) -> Float[Array, "B K G H"]:
   """softmax(q_scale qg . K^T) V over a layer's pools and rest segment (qg in any float dtype; the
@@ -554,11 +558,13 @@ def quantized_decode(
 
   A pool given as None is skipped (the layer has no window there).
   `tokens_hint` (static) bounds the layer's tokens and `pool_tokens` its tokens
-  in each pool (default: the pools' sizes); they set the split counts.
+  in each pool (default: the pools' sizes); they set the split counts. With
+  `rest_layer`, rest_k and rest_v are every layer's and the kernel reads
+  layer `rest_layer`'s rows in place.
   """
   o, m, l = partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                               window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
-                              config=config, q_scale=q_scale, interpret=interpret)
+                              config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
   if config.fused_combine:
     return combine_kernel(o, m, l, qg.shape[2], splits_a_step=config.combine_splits_a_step, interpret=interpret)
   # Slicing o, m and l to G rows before the combine made it 1.7 us slower at batch 1 x 1k (H200).
@@ -567,7 +573,8 @@ def quantized_decode(
 
 def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, *, window_size: int,
                       tokens_hint: int | None = None, pool_tokens: tuple[int, ...] | None = None,
-                      config: DecodeConfig = DecodeConfig(), q_scale: float = 1.0, interpret: bool = False):
+                      config: DecodeConfig = DecodeConfig(), q_scale: float = 1.0, rest_layer=None,
+                      interpret: bool = False):
   """`quantized_decode` up to its launches: the splits' and phases' unnormalized outputs
   o [B, K, J', Gp, H] and their m (running maxima of the scores in base 2), l [B, K, J', Gp], for
   `combine_splits`."""
@@ -577,9 +584,10 @@ def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, res
   if pool_tokens is None:  # the most tokens a layer owns in each pool
     pool_tokens = tuple(kp.data.shape[2] if kp is not None else 0 for kp in k_pools)
   if tokens_hint is None:
-    tokens_hint = rest_k.shape[2] + sum(pool_tokens[i] for i in present)
+    tokens_hint = rest_k.shape[-2] + sum(pool_tokens[i] for i in present)
   q = qg.reshape(b * kh * g, h)  # the kernel pads a head's G rows to Gp and scales them as it loads them
-  launch = functools.partial(_launch, q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+  layer = jnp.zeros((1,), jnp.int32) if rest_layer is None else jnp.reshape(rest_layer, (1,)).astype(jnp.int32)
+  launch = functools.partial(_launch, q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, layer,
                              window_size=window_size, q_scale=q_scale, interpret=interpret)
   int4 = [i for i in present if k_pools[i].bits == 4]
   if int4 and int4_launch_pays(config, b * kh * sum(pool_tokens[i] for i in int4)):
@@ -606,15 +614,17 @@ def phases_in_parallel(config: DecodeConfig, programs: int, phases: int) -> bool
   return bool(config.parallel_phases) or programs * phases <= config.parallel_phase_waves * slots
 
 
-def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, pools: list[int], with_rest: bool,
-            tokens_hint: int, config: DecodeConfig, *, window_size: int, q_scale: float, interpret: bool):
-  """One pallas_call over the pools at indices `pools` (and the rest segment, if `with_rest`):
-  partial softmaxes o [B, K, J * phases, Gp, H], m and l [B, K, J * phases, Gp]."""
-  b, kh = rest_k.shape[:2]
+def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, rest_layer, pools: list[int],
+            with_rest: bool, tokens_hint: int, config: DecodeConfig, *, window_size: int, q_scale: float,
+            interpret: bool):
+  """One pallas_call over the pools at indices `pools` (and the rest segment, if `with_rest`; of layer
+  `rest_layer` [1] where it is stacked [L, B, K, R, H]): partial softmaxes o [B, K, J * phases, Gp, H],
+  m and l [B, K, J * phases, Gp]."""
+  b, kh = rest_k.shape[-4:-2]
   g, h = q.shape[0] // (b * kh), q.shape[1]
   splits = num_splits(b, kh, max(tokens_hint, 1), config)
 
-  def rows(x):  # [B, K, n, ...] -> [B*K*n, ...]: a (request, head) is a run of rows
+  def rows(x):  # [(L,) B, K, n, H] -> [(L*)B*K*n, H]: a (request, head) is a run of rows
     return x.reshape(-1, x.shape[-1])
 
   segments, operands, tokens = [], [], [0, 0, 0]
@@ -630,14 +640,14 @@ def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, 
     operands += [rows(x) for x in arrays]
   if with_rest:
     operands += [rows(rest_k), rows(rest_v)]
-  sizes = np.array([splits, *tokens, rest_k.shape[2], 0, 0, 0], np.int32)
+  sizes = np.array([splits, *tokens, rest_k.shape[-2], b * kh, 0, 0], np.int32)
   phases = int(with_rest) + sum(seg.bits != 16 for seg in segments)
 
   n = b * kh * splits
   parallel = phases_in_parallel(config, n, phases)
   kernel = functools.partial(
       _kernel, segments=tuple(segments), kv_heads=kh, group=g, padded_group=gp, window=window_size,
-      rest_block=min(config.dense_tokens, _pow2_floor(rest_k.shape[2])), with_rest=with_rest,
+      rest_block=min(config.dense_tokens, _pow2_floor(rest_k.shape[-2])), with_rest=with_rest,
       phases=phases, parallel_phases=parallel, q_scale=q_scale,
       cfg=dataclasses.replace(config, inline_asm=config.inline_asm and not interpret))
   if parallel:  # program i: phase i % phases of (request, head, split) i // phases
@@ -650,7 +660,8 @@ def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, 
                  pl.BlockSpec((None, phases, gp), lambda i: (i, 0, 0))]
   # Whole arrays, indexed by element (not by block) so that no size becomes a constant of the code.
   whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
-  inputs = [offsets.astype(jnp.int32), counts.astype(jnp.int32), rest_len.astype(jnp.int32), sizes, q, *operands]
+  inputs = [offsets.astype(jnp.int32), counts.astype(jnp.int32), rest_len.astype(jnp.int32), rest_layer, sizes, q,
+            *operands]
   o, m, l = pl.pallas_call(
       kernel,
       grid=(n * phases if parallel else n,),

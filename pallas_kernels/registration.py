@@ -33,8 +33,9 @@ def register_variant(name: str, config: quantized_decode.DecodeConfig) -> None:
     pool_tokens = tuple(n * layer.window_size for n in layer.slice_windows)
     return quantized_decode.quantized_decode(
         qg, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len,
-        window_size=layer.window_size, tokens_hint=sum(pool_tokens) + layer.rest_k.shape[2],
-        pool_tokens=pool_tokens, config=config, q_scale=scale, interpret=jax.default_backend() == "cpu")
+        window_size=layer.window_size, tokens_hint=sum(pool_tokens) + layer.capacity,
+        pool_tokens=pool_tokens, config=config, q_scale=scale, rest_layer=layer.layer,
+        interpret=jax.default_backend() == "cpu")
 
   attention.register(name, scales_q=True)(pallas_attention)
 

@@ -236,3 +236,25 @@ def test_combine_kernel_lowers_to_triton_for_cuda():
   m = l = jnp.zeros((1, 4, 99, 16))
   text = jax.jit(lambda *a: qd.combine_kernel(*a, 7)).trace(o, m, l).lower(lowering_platforms=("cuda",)).as_text()
   assert "wq_combine_splits" in text
+
+
+def test_stacked_rest_segment_in_place():
+  """Decode's view over every layer's rest segment: the append writes the same token where the per-layer
+  view does, and the kernel (reading layer l's rows of the stacked segment) and the XLA path give what
+  they give on the layer's own segment."""
+  c = make_cache(23, batch=3, kv_heads=2, head_dim=64, windows=6)
+  q = jax.random.normal(jax.random.PRNGKey(24), (3, 14, 64))
+  k_new, v_new = jax.random.normal(jax.random.PRNGKey(25), (2, 3, 2, 64))
+  for l in range(c.num_layers):
+    own = c.layer(l).append(k_new, v_new)
+    stacked = c.layer(l, stacked=True).append(k_new, v_new)
+    np.testing.assert_array_equal(np.asarray(stacked.rest_k[l]), np.asarray(own.rest_k))
+    np.testing.assert_array_equal(np.asarray(stacked.rest_v[l]), np.asarray(own.rest_v))
+    others = np.array([i for i in range(c.num_layers) if i != l])
+    np.testing.assert_array_equal(np.asarray(stacked.rest_k[others]), np.asarray(c.rest_k[others]))
+    np.testing.assert_array_equal(np.asarray(c.replace_layer(l, stacked).rest_k),
+                                  np.asarray(c.replace_layer(l, own).rest_k))
+    for implementation in ("pallas", "xla"):
+      run = jax.jit(lambda q, layer: attention.decode_attention(q, layer, implementation=implementation))
+      np.testing.assert_allclose(np.asarray(run(q, stacked)), np.asarray(run(q, own)), rtol=0, atol=1e-5,
+                                 err_msg=f"layer {l}, {implementation}")

@@ -66,6 +66,8 @@ def _per_shard(fn, mesh, layer: LayerCache):
   batch, heads = ("data" if "data" in axes else None), ("model" if "model" in axes else None)
   split = P(batch, heads)
   specs = jax.tree_util.tree_map(lambda _: split, layer).replace(offsets=P(), counts=P(), rest_len=P(batch))
+  if getattr(layer, "layer", None) is not None:  # the stacked rest segment: [L, B, K, R, H]
+    specs = specs.replace(rest_k=P(None, batch, heads), rest_v=P(None, batch, heads), layer=P())
   return jax.shard_map(fn, mesh=mesh, in_specs=(split, specs), out_specs=split, check_vma=False)
 
 
@@ -86,7 +88,7 @@ def decode_attention(
     if implementation not in _IMPLEMENTATIONS:
       raise ValueError(f"unknown attention implementation {implementation!r}; known: {implementations()}")
   b, n, h = q.shape
-  k = layer.rest_k.shape[1]
+  k = layer.rest_k.shape[-3]
   if n % k:
     raise ValueError(f"{n} query heads are not a multiple of {k} KV heads")
   scale = 1.0 / math.sqrt(h) if scale is None else scale
@@ -186,14 +188,15 @@ def _xla_attention(qg: Float[Array, "B K G H"], layer: LayerCache) -> Float[Arra
     logits.append(_key_logits(qg, layer.k_pools[p], start, n, s))
     masks.append(jnp.broadcast_to(jnp.repeat(valid, s)[None], (b, n * s)))
     slices.append((p, start, n))
-  logits.append(_dense_logits(qg, layer.rest_k))
-  masks.append(jnp.arange(layer.rest_k.shape[2])[None, :] < layer.rest_len[:, None])
+  rest_k, rest_v = layer.own_rest()
+  logits.append(_dense_logits(qg, rest_k))
+  masks.append(jnp.arange(rest_k.shape[2])[None, :] < layer.rest_len[:, None])
   sizes = [x.shape[-1] for x in logits]
   all_logits = jnp.concatenate(logits, axis=-1)
   mask = jnp.concatenate(masks, axis=-1)[:, None, None, :]
   probs = jax.nn.softmax(jnp.where(mask, all_logits, -jnp.inf), axis=-1)
   parts = jnp.split(probs, np.cumsum(sizes)[:-1].tolist(), axis=-1)
-  out = _dense_output(parts[-1], layer.rest_v)
+  out = _dense_output(parts[-1], rest_v)
   for part, (p, start, n) in zip(parts[:-1], slices):
     out = out + _value_output(part, layer.v_pools[p], start, n, s, h)
   return out

@@ -57,16 +57,37 @@ class Pool:
 
 @struct.dataclass
 class LayerCache:
-  """One layer's view of the cache: the shared pools, its ranges, its rest segment."""
+  """One layer's view of the cache: the shared pools, its ranges, its rest segment.
+
+  With `layer` set, rest_k and rest_v are every layer's [L, B, K, R, H] and
+  this layer's is rest_k[layer] (`own_rest`): decode appends into the stacked
+  segment in place and the Pallas kernel reads it there, where a layer's own
+  array is a copy a layer and step (XLA arrays have no views).
+  """
   k_pools: tuple[Pool, Pool, Pool]
   v_pools: tuple[Pool, Pool, Pool]
   offsets: Int[Array, "3"]
   counts: Int[Array, "3"]
-  rest_k: Float[Array, "B K R H"]
-  rest_v: Float[Array, "B K R H"]
+  rest_k: Float[Array, "B K R H"] | Float[Array, "L B K R H"]
+  rest_v: Float[Array, "B K R H"] | Float[Array, "L B K R H"]
   rest_len: Int[Array, "B"]
   window_size: int = struct.field(pytree_node=False)
   slice_windows: tuple[int, int, int] = struct.field(pytree_node=False)
+  layer: Int[Array, ""] | None = None
+
+  @property
+  def kv_heads(self) -> int:
+    return self.rest_k.shape[-3]
+
+  @property
+  def capacity(self) -> int:
+    return self.rest_k.shape[-2]
+
+  def own_rest(self) -> tuple[Float[Array, "B K R H"], Float[Array, "B K R H"]]:
+    """This layer's rest keys and values."""
+    if self.layer is None:
+      return self.rest_k, self.rest_v
+    return self.rest_k[self.layer], self.rest_v[self.layer]
 
   def append(self, k_new: Float[Array, "B K H"], v_new: Float[Array, "B K H"]) -> "LayerCache":
     """Writes one token per request at `rest_len` and counts it."""
@@ -74,10 +95,18 @@ class LayerCache:
 
 
 def append_to_rest(layer, k_new: Float[Array, "B K H"], v_new: Float[Array, "B K H"]):
-  """A layer view (anything with rest_k, rest_v, rest_len) with one more token per request."""
-  write = jax.vmap(lambda buf, x, p: jax.lax.dynamic_update_slice_in_dim(buf, x[:, None], p, axis=1))
-  return layer.replace(rest_k=write(layer.rest_k, k_new.astype(layer.rest_k.dtype), layer.rest_len),
-                       rest_v=write(layer.rest_v, v_new.astype(layer.rest_v.dtype), layer.rest_len),
+  """A layer view (anything with rest_k, rest_v, rest_len, and perhaps a stacked `layer`) with one more
+  token per request."""
+  if getattr(layer, "layer", None) is not None:  # [L, B, K, R, H]: one scatter into the stacked segment
+    rows = jnp.arange(layer.rest_len.shape[0])
+
+    def write(buf, x):
+      return buf.at[layer.layer, rows, :, layer.rest_len, :].set(x.astype(buf.dtype), mode="drop")
+  else:
+    def write(buf, x):
+      update = jax.vmap(lambda b, y, p: jax.lax.dynamic_update_slice_in_dim(b, y[:, None], p, axis=1))
+      return update(buf, x.astype(buf.dtype), layer.rest_len)
+  return layer.replace(rest_k=write(layer.rest_k, k_new), rest_v=write(layer.rest_v, v_new),
                        rest_len=layer.rest_len + 1)
 
 
@@ -108,16 +137,21 @@ class KVCache:
     """Exact device bytes of every array the cache holds."""
     return sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self))
 
-  def layer(self, l) -> LayerCache:
+  def layer(self, l, *, stacked: bool = False) -> LayerCache:
+    """Layer l's view; `stacked`: over every layer's rest segment (see LayerCache), as decode takes it."""
+    rest_k, rest_v = (self.rest_k, self.rest_v) if stacked else (self.rest_k[l], self.rest_v[l])
     return LayerCache(
         k_pools=self.k_pools, v_pools=self.v_pools,
         offsets=self.offsets[:, l], counts=self.counts[:, l],
-        rest_k=self.rest_k[l], rest_v=self.rest_v[l], rest_len=self.rest_len,
+        rest_k=rest_k, rest_v=rest_v, rest_len=self.rest_len,
         window_size=self.window_size, slice_windows=self.slice_windows,
+        layer=jnp.asarray(l, jnp.int32) if stacked else None,
     )
 
   def replace_layer(self, l, layer: LayerCache) -> "KVCache":
     """Takes back a layer's rest segment (the pools are read-only during decode)."""
+    if layer.layer is not None:
+      return self.replace(rest_k=layer.rest_k, rest_v=layer.rest_v)
     return self.replace(rest_k=self.rest_k.at[l].set(layer.rest_k), rest_v=self.rest_v.at[l].set(layer.rest_v))
 
   def advance(self) -> "KVCache":

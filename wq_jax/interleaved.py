@@ -79,7 +79,8 @@ class InterleavedCache:
   def nbytes(self) -> int:
     return sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self))
 
-  def layer(self, l) -> InterleavedLayer:
+  def layer(self, l, *, stacked: bool = False) -> InterleavedLayer:
+    del stacked  # the interleaved layout's one reader (XLA) takes a layer's own rest segment
     return InterleavedLayer(self.k_heap, self.v_heap, self.record_start[l], self.plan[l], self.rest_k[l],
                             self.rest_v[l], self.rest_len, self.window_size, self.dtype, self.meta_dtype)
 
