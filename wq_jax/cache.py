@@ -76,10 +76,6 @@ class LayerCache:
   layer: Int[Array, ""] | None = None
 
   @property
-  def kv_heads(self) -> int:
-    return self.rest_k.shape[-3]
-
-  @property
   def capacity(self) -> int:
     return self.rest_k.shape[-2]
 
