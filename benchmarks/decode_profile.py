@@ -32,27 +32,26 @@ from wq_jax import generation
 COLUMNS = ["setting", "method", "attention", "kernel", "per_step", "us_step", "share"]
 
 
-def kernel_events(trace: dict) -> list[dict]:
-  """The complete ('X') events on the GPU streams of a Chrome/Perfetto trace."""
+def _complete_events(trace: dict) -> list[tuple[str, str, dict]]:
+  """(process name, thread name, event) of every complete ('X') event of a Chrome/Perfetto trace."""
   events = trace["traceEvents"] if isinstance(trace, dict) else trace
   processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
   threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
              if e.get("ph") == "M" and e.get("name") == "thread_name"}
-  gpu = {pid for pid, name in processes.items() if "GPU" in name}
-  # A device's stream lines hold the kernels; its derived lines ("XLA Ops", "XLA Modules") repeat them.
-  return [e for e in events if e.get("ph") == "X" and e["pid"] in gpu
-          and "Stream" in threads.get((e["pid"], e.get("tid")), "")]
+  return [(processes.get(e["pid"], ""), threads.get((e["pid"], e.get("tid")), ""), e)
+          for e in events if e.get("ph") == "X"]
+
+
+def kernel_events(trace: dict) -> list[dict]:
+  """The complete events on the GPU streams of a trace. A device's stream lines hold the kernels; its
+  derived lines ("XLA Ops", "XLA Modules") repeat them."""
+  return [e for process, thread, e in _complete_events(trace) if "GPU" in process and "Stream" in thread]
 
 
 def device_lines(trace: dict) -> dict:
   """Events per line of every device process ("process / thread": count), to see what a trace holds."""
-  events = trace["traceEvents"] if isinstance(trace, dict) else trace
-  processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
-  threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
-             if e.get("ph") == "M" and e.get("name") == "thread_name"}
-  lines = collections.Counter(f"{processes.get(e['pid'])} / {threads.get((e['pid'], e.get('tid')))}"
-                              for e in events if e.get("ph") == "X" and "host" not in str(processes.get(e["pid"])))
-  return dict(lines)
+  return dict(collections.Counter(f"{process} / {thread}" for process, thread, _ in _complete_events(trace)
+                                  if "host" not in process))
 
 
 def busy_us(events: list[dict]) -> float:

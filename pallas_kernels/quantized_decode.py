@@ -70,8 +70,8 @@ _NEG = -1e30  # the running max starts finite, so exp2(m_old - m_new) is never i
 # Scores are kept in base 2 (q carries log2 e), so the softmax takes exp2: one MUFU.EX2 an element where
 # exp is a libdevice routine of several instructions around it.
 _LOG2E = math.log2(math.e)
-# entries of the int32 `sizes` operand (pool p at _TOKENS + p); _PAIRS: B * K, the rows of a layer's rest segment
-# are (layer * _PAIRS + request * K + head) * capacity...
+# Entries of the int32 `sizes` operand (pool p at _TOKENS + p). _PAIRS is B * K: a stacked rest segment's
+# (layer, request, head) starts at row (layer * _PAIRS + request * K + head) * capacity.
 _SPLITS, _TOKENS, _REST_CAPACITY, _PAIRS = 0, 1, 4, 5
 
 
@@ -710,8 +710,8 @@ def _combine_body(o_ref, m_ref, l_ref, out_ref, *, parts: int, group: int, step:
     o_new = o_run * rescale[:, None] + jnp.sum(w[:, :, None] * o_ref[rows, :, :], axis=0)
     return m_new, l_new, o_new
 
-  m, l, o = lax.fori_loop(0, pl.cdiv(parts, step), merge, _fresh(padded_group, head_dim, 1)[:2] + (
-      jnp.zeros((padded_group, head_dim), jnp.float32),))
+  m, l, (o,) = _fresh(padded_group, head_dim, 1)
+  m, l, o = lax.fori_loop(0, pl.cdiv(parts, step), merge, (m, l, o))
   out = o / jnp.where(l > 0, l, 1.0)[:, None]
   real = lax.broadcasted_iota(jnp.int32, (padded_group, head_dim), 0) < group
   plgpu.store(out_ref.at[pl.ds(bk * group, padded_group), :], out.astype(out_ref.dtype), mask=real)

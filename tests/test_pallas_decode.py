@@ -245,6 +245,8 @@ def test_stacked_rest_segment_in_place():
   c = make_cache(23, batch=3, kv_heads=2, head_dim=64, windows=6)
   q = jax.random.normal(jax.random.PRNGKey(24), (3, 14, 64))
   k_new, v_new = jax.random.normal(jax.random.PRNGKey(25), (2, 3, 2, 64))
+  runs = {name: jax.jit(lambda q, layer, name=name: attention.decode_attention(q, layer, implementation=name))
+          for name in ("pallas", "xla")}
   for l in range(c.num_layers):
     own = c.layer(l).append(k_new, v_new)
     stacked = c.layer(l, stacked=True).append(k_new, v_new)
@@ -254,7 +256,6 @@ def test_stacked_rest_segment_in_place():
     np.testing.assert_array_equal(np.asarray(stacked.rest_k[others]), np.asarray(c.rest_k[others]))
     np.testing.assert_array_equal(np.asarray(c.replace_layer(l, stacked).rest_k),
                                   np.asarray(c.replace_layer(l, own).rest_k))
-    for implementation in ("pallas", "xla"):
-      run = jax.jit(lambda q, layer: attention.decode_attention(q, layer, implementation=implementation))
+    for implementation, run in runs.items():
       np.testing.assert_allclose(np.asarray(run(q, stacked)), np.asarray(run(q, own)), rtol=0, atol=1e-5,
                                  err_msg=f"layer {l}, {implementation}")
