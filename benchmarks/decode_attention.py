@@ -410,10 +410,21 @@ VARIANTS = {
                               int4_launch=None, num_stages=4),
     "w1t2": qd.DecodeConfig(num_warps=1, tile_windows=2, int4_tile_windows=None, programs_per_multiprocessor=8,
                             int4_launch=None),
-    # the partial softmaxes merged by one Pallas launch instead of XLA's four small kernels (untimed)
+    # the partial softmaxes merged by one Pallas launch instead of XLA's four small kernels (end to end, 7B,
+    # 2026-12-03 17:29: slower at 1 x 100 frames, a tie at 32 x 100; see DecodeConfig.fused_combine)
     "fused_combine": qd.DecodeConfig(fused_combine=True),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)
     "t4p2": qd.DecodeConfig(tile_windows=4, programs_per_multiprocessor=2),
+    # exp2 as ex2.approx.f32, as XLA's Triton lowers jnp.exp2 (a compare and two predicated multiplies around
+    # each MUFU.EX2: ncu, 2026-12-03); the default issues ex2.approx.ftz.f32 alone
+    "exact_exp2": qd.DecodeConfig(fast_exp2=False),
+    # Shared memory caps the main launch at 3 programs an SM (ncu, all-INT2 at batch 8 x 32k: 71.7 KB a program,
+    # 128 registers, which would allow 4). The high-precision loop's 64-token tiles set it: at 32 tokens a step
+    # it needs 37.9 KB (offline, pip Triton 3.9; 137 registers on the mix plan against 166), and with 2
+    # pipeline stages 38.9 KB. Each with the grid sized for 4 programs an SM, and d32 alone:
+    "d32p4": qd.DecodeConfig(dense_tokens=32, programs_per_multiprocessor=4),
+    "d32": qd.DecodeConfig(dense_tokens=32),
+    "s2p4": qd.DecodeConfig(num_stages=2, programs_per_multiprocessor=4),
     # 2 warps, one window a step for every pool (186 registers on the mix plan: 5 programs an SM)
     "t1w2p5": qd.DecodeConfig(tile_windows=1, int4_tile_windows=None, num_warps=2, programs_per_multiprocessor=5,
                               int4_launch=None),

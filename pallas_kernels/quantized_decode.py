@@ -122,13 +122,18 @@ class DecodeConfig:
   # 8 x 8k (2.9) 48.0 / 48.3; 1 x 32k (3.0) 32.6 / 31.3.
   parallel_phase_waves: float = 2.0
   inline_asm: bool = True  # unpack codes with f16x2 PTX (GPU); plain jnp ops otherwise (and in interpret mode)
+  # With inline_asm, the softmax's exp2 as `ex2.approx.ftz.f32` (`_exp2_ftz`): one instruction, not four.
+  fast_exp2: bool = True
   # Carry the softmax's running sum as a tile and sum its rows once a loop, not once a step (a reduction
   # across warps: shared memory and a barrier a step). Off for the factored form, whose steps sum p anyway.
   deferred_sum: bool = True
   factored: bool = False  # scales folded into q (keys) and applied to P.V sums (values); else dequantize each code
   # Merge the partial softmaxes in one Pallas launch (`combine_kernel`) rather than XLA's four kernels (max,
   # weights and sum, weighted sum, slice to G rows): small kernels whose launches cost more than their work
-  # at batch 1 (7B profile, H200, 2026-12-03: ~14 µs a layer). Untimed on a GPU so far, so off.
+  # at batch 1 (7B profile, H200, 2026-12-03: ~14 µs a layer). Off: timed end to end (decode_profile_*_s18_gpu),
+  # it is slower where it was meant to help. At batch 1 its grid is one program a (request, KV head), four,
+  # each merging its parts in turn: 22-42 µs a launch against ~6 µs of XLA's kernels (1 x 100 frames: 6.85
+  # against 6.44 ms a step, fp16); at 32 x 100 the step times tie (13.98 / 13.99 ms fp16).
   fused_combine: bool = False
   combine_splits_a_step: int = 8  # partial softmaxes the combine kernel merges a loop step
 
@@ -145,7 +150,17 @@ class _Segment:
 # ----------------------------------------------------------------------------- kernel
 
 
-def _online_softmax(m, l, s):
+def _exp2_ftz(x):
+  """2^x as one MUFU.EX2, results below 2^-126 flushed to zero (softmax weights that small are 0 either way).
+
+  `jnp.exp2` lowers to `ex2.approx.f32`, around which ptxas adds a compare, two predicated multiplies
+  to keep denormals: four instructions an element, ~5 % of the all-INT2 step (ncu, H200, 2026-12-03).
+  """
+  return plgpu.elementwise_inline_asm("ex2.approx.ftz.f32 $0, $1;", args=[x], constraints="=f,f", pack=1,
+                                      result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.float32)])[0]
+
+
+def _online_softmax(m, l, s, exp2=jnp.exp2):
   """Folds scores [Gp, n] into the running max and sum; returns them, the rescale and p.
 
   The sum l is a [Gp] vector, or a [Gp, n] tile of per-column sums (`_sum_tile`): then a step adds p
@@ -153,8 +168,8 @@ def _online_softmax(m, l, s):
   them through shared memory and a barrier; the loop's end sums the tile once (`_sum_rows`).
   """
   m_new = jnp.maximum(m, jnp.max(s, axis=1))
-  corr = jnp.exp2(m - m_new)
-  p = jnp.exp2(s - m_new[:, None])
+  corr = exp2(m - m_new)
+  p = exp2(s - m_new[:, None])
   l = l * corr[:, None] + p if l.ndim == 2 else l * corr + jnp.sum(p, axis=1)
   return m_new, l, corr, p
 
@@ -189,7 +204,8 @@ def _dot(a, b):
   return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
 
-def _dense_segment(state, q, k_ref, v_ref, base, size, t_lo, t_hi, *, block, split, num_splits, deferred_sum):
+def _dense_segment(state, q, k_ref, v_ref, base, size, t_lo, t_hi, *, block, split, num_splits, deferred_sum,
+                   exp2=jnp.exp2):
   """Tokens [t_lo, t_hi) of a high-precision segment of `size` tokens at rows base... of k_ref, v_ref."""
   dtype = k_ref.dtype
   qd = q.astype(dtype)
@@ -202,7 +218,7 @@ def _dense_segment(state, q, k_ref, v_ref, base, size, t_lo, t_hi, *, block, spl
     tok = first + lax.broadcasted_iota(jnp.int32, (1, block), 1)
     rows = pl.ds(base + first, block)
     s = jnp.where((tok >= start) & (tok < t_hi), _dot_t(qd, k_ref[rows, :]), -jnp.inf)
-    m, l, corr, p = _online_softmax(m, l, s)
+    m, l, corr, p = _online_softmax(m, l, s, exp2)
     return m, l, acc * corr[:, None] + _dot(p.astype(dtype), v_ref[rows, :])
 
   m, l, acc = state
@@ -310,7 +326,7 @@ def _token_meta(s_ref, m_ref, rows, size, width, part, group):
 
 
 def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, split, num_splits,
-                       inline_asm, deferred_sum):
+                       inline_asm, deferred_sum, exp2=jnp.exp2):
   """Windows [offset, offset + count) of a quantized pool, `seg.block` windows a step.
 
   Codes are dequantized in registers into P half tiles, one per part of the
@@ -338,7 +354,7 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
     keys = dequantize(k_ref[rows, :], [s for s, _ in k_meta], [mn for _, mn in k_meta])
     s = functools.reduce(jnp.add, [_dot_t(qk, kk) for qk, kk in zip(q_parts, keys)])  # no add of a zero
     s = jnp.where((win >= start) & (win < offset + count), s, -jnp.inf)
-    m, l, corr, p = _online_softmax(m, l, s)
+    m, l, corr, p = _online_softmax(m, l, s, exp2)
     if seg.value_group:
       v_meta = [_token_meta(vs_ref, vm_ref, rows, size, width, k, seg.value_group) for k in range(parts)]
     else:
@@ -353,7 +369,7 @@ def _quantized_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window,
 
 
 def _factored_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, split, num_splits,
-                      inline_asm):
+                      inline_asm, exp2=jnp.exp2):
   """Windows [offset, offset + count) of a quantized pool, `seg.block` windows a step, never dequantized.
 
   With r = 1 + c / 2^b (the code as a half, two instructions a pair) and the
@@ -394,8 +410,8 @@ def _factored_segment(q_parts, refs, bk, tokens, offset, count, *, seg, window, 
       ours = (win >= start) & (win < offset + count)
       scores.append(jnp.where(ours, s + jnp.sum(bias, axis=1)[:, None], -jnp.inf))
     m_new = functools.reduce(jnp.maximum, [jnp.max(s, axis=1) for s in scores], m)
-    corr = jnp.exp2(m - m_new)
-    probs = [jnp.exp2(s - m_new[:, None]).astype(jnp.float16) for s in scores]
+    corr = exp2(m - m_new)
+    probs = [exp2(s - m_new[:, None]).astype(jnp.float16) for s in scores]
     sums = [jnp.sum(p.astype(jnp.float32), axis=1) for p in probs]  # what the tensor cores will add up
     accs = [acc * corr[:, None] for acc in accs]
     for w, (p, total) in enumerate(zip(probs, sums)):
@@ -459,6 +475,8 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, layer_ref, sizes_ref, q_ref, 
     for k, acc in enumerate(accs):
       o_ref[(*at, slice(None), pl.ds(k * width, width))] = acc
 
+  exp2 = _exp2_ftz if cfg.inline_asm and cfg.fast_exp2 else jnp.exp2
+
   def dense_phase():
     q = load_q(pl.ds(0, head_dim))  # f32 [Gp, H]
     m, l, (o,) = _fresh(padded_group, head_dim, 1)
@@ -468,11 +486,12 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, layer_ref, sizes_ref, q_ref, 
         offset, count, tokens = offsets_ref[seg.index], counts_ref[seg.index], sizes_ref[_TOKENS + seg.index]
         state = _dense_segment(state, q, *refs_, bk * tokens, tokens, offset * window, (offset + count) * window,
                                block=seg.block, split=split, num_splits=num_splits,
-                               deferred_sum=cfg.deferred_sum)
+                               deferred_sum=cfg.deferred_sum, exp2=exp2)
     capacity = sizes_ref[_REST_CAPACITY]
     rows = (layer_ref[0] * sizes_ref[_PAIRS] + bk) * capacity  # the stacked segment's rows of this layer
     m, l, o = _dense_segment(state, q, *rest_refs, rows, capacity, 0, rest_len_ref[b],
-                             block=rest_block, split=split, num_splits=num_splits, deferred_sum=cfg.deferred_sum)
+                             block=rest_block, split=split, num_splits=num_splits, deferred_sum=cfg.deferred_sum,
+                             exp2=exp2)
     return m, l, (o,)
 
   def quantized_phase(seg, refs_):
@@ -483,7 +502,7 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, layer_ref, sizes_ref, q_ref, 
     segment = _factored_segment if cfg.factored else functools.partial(_quantized_segment,
                                                                        deferred_sum=cfg.deferred_sum)
     return segment(q_parts, refs_, bk, tokens, offset, count, seg=seg, window=window,
-                   split=split, num_splits=num_splits, inline_asm=cfg.inline_asm)
+                   split=split, num_splits=num_splits, inline_asm=cfg.inline_asm, exp2=exp2)
 
   bodies = [dense_phase] if with_rest else []
   bodies += [functools.partial(quantized_phase, seg, refs_) for seg, refs_ in zip(segments, seg_refs) if seg.bits != 16]

@@ -1,0 +1,42 @@
+"""benchmarks/kernel_ncu.py: the report it writes from Nsight Compute's CSV pages, and the call it profiles."""
+import csv
+
+from benchmarks import kernel_ncu
+
+
+def _write(path, rows):
+  with open(path, "w", newline="") as f:
+    csv.writer(f, quoting=csv.QUOTE_ALL).writerows(rows)
+
+
+def test_summarize_reads_the_pages(tmp_path):
+  prefix = tmp_path / "int2"
+  head = ["ID", "Kernel Name", "Block Size", "Grid Size", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
+  _write(f"{prefix}_details.csv", [head,
+                                   ["0", "wq_quantized_decode", "(128, 1, 1)", "(768, 1, 1)", "SOL", "Duration", "us",
+                                    "97.63"],
+                                   ["0", "wq_quantized_decode", "(128, 1, 1)", "(768, 1, 1)", "Launch",
+                                    "Registers Per Thread", "register/thread", "128"]])
+  stall = "smsp__average_warps_issue_stalled_{}_per_issue_active.ratio"
+  _write(f"{prefix}_raw.csv", [[stall.format("wait"), stall.format("barrier"), "other"], ["inst", "inst", ""],
+                               ["0.85", "0.28", "1"]])
+  # A prologue of 3 instructions run 100 times each, a loop of 2 run 1,000 times each
+  source = [["Kernel Name", "wq_quantized_decode"],
+            ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"]]
+  source += [["0x0", "LDC R1, c[0x0][0x28]", "1", "100"], ["0x10", "IMAD R2, R1, R1, RZ", "1", "100"],
+             ["0x20", "MOV R3, R2", "0", "100"], ["0x30", "@!P0 HFMA2 R4, R4, R5, R6", "7", "1,000"],
+             ["0x40", "HMMA.16816.F32 R8, R4, R6, R8", "3", "1000"]]
+  _write(f"{prefix}_source.csv", source)
+
+  text = kernel_ncu.summarize(str(prefix))
+  assert "| Duration | 97.63 us |" in text and "| Registers Per Thread | 128 register/thread |" in text
+  assert text.index("| wait | 0.85 |") < text.index("| barrier | 0.28 |")
+  assert "other" not in text
+  loop = text.split("The hottest loop:")[1]
+  assert loop.startswith(" 2 SASS instructions, each executed 1,000 times (87 % of all)")
+  assert "| HFMA2 | 50.0 | 70.0 |" in loop and "IMAD" not in loop  # the predicate is not the opcode
+
+
+def test_call_runs_the_kernel_once(capsys):
+  kernel_ncu.main(["call", "--plan", "mix", "--batch", "1", "--tokens", "1024"])
+  assert "finite: True" in capsys.readouterr().out
