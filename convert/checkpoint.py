@@ -34,7 +34,8 @@ from convert import tables
 from convert.framework import ConversionError, fill, plan, set_path, tree_paths
 from models import registry
 
-FORMAT, VERSION = "windowquant-jax", 1
+# Version 2: the decoder's attention output weight is [L, N*H, D] (version 1: [L, N, H, D]).
+FORMAT, VERSION = "windowquant-jax", 2
 WQ_CONFIG, PARAMS = "wq_config.json", "params"
 DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),
           "float32": np.dtype(np.float32)}
@@ -180,7 +181,8 @@ def load_checkpoint(path) -> tuple[dict, Any, CheckpointFiles]:
     raise ConversionError(f"{meta_file}: not valid JSON ({e})") from e
   if meta.get("format") != FORMAT or meta.get("version") != VERSION:
     raise ConversionError(f"{meta_file}: format {meta.get('format')!r} version {meta.get('version')!r}, "
-                          f"expected {FORMAT!r} version {VERSION}")
+                          f"expected {FORMAT!r} version {VERSION}; convert the Hugging Face folder again: "
+                          f"python -m convert SRC_DIR NEW_DIR")
   family, _ = _family(meta["hf_config"], meta_file)
   cfg = family.parse_config(meta["hf_config"])
   device = jax.sharding.SingleDeviceSharding(jax.devices()[0])

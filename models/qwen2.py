@@ -128,7 +128,11 @@ class Qwen2Config:
 def param_shapes(cfg: Qwen2Config) -> dict:
   l, d, n, k, h, f, v = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                          cfg.intermediate_size, cfg.vocab_size)
-  attn = {"q": {"w": (l, d, n, h)}, "k": {"w": (l, d, k, h)}, "v": {"w": (l, d, k, h)}, "o": {"w": (l, n, h, d)}}
+  # o is [L, N*H, D], its heads merged: a layer's slice is then a matrix whose contraction axis XLA's
+  # split-K matmul can split in place. As [L, N, H, D] (checkpoint format 1) XLA copied each layer's
+  # 25.7 MB slice before the product, every decode step (7B, H200: 0.35 ms a step; the optimized HLO of
+  # benchmarks/results/decode_profile_*_dump_s18_gpu.md showed a `wrapped_slice` feeding the gemm).
+  attn = {"q": {"w": (l, d, n, h)}, "k": {"w": (l, d, k, h)}, "v": {"w": (l, d, k, h)}, "o": {"w": (l, n * h, d)}}
   if cfg.qkv_bias:
     attn["q"]["b"], attn["k"]["b"], attn["v"]["b"] = (l, n, h), (l, k, h), (l, k, h)
   if cfg.o_bias:
@@ -225,25 +229,10 @@ def _heads(p: Params, x: Float[Array, "B T D"]) -> Float[Array, "B T N H"]:
 
 
 def out_proj(lp: Params, out: Float[Array, "*B N H"]) -> Float[Array, "*B D"]:
-  """The attention output projection; its weight is [N, H, D], or [N*H, D] as `_merged_heads` makes it."""
+  """The attention output projection; its weight is [N*H, D] (`param_shapes`)."""
   w = lp["o"]["w"]
-  if w.ndim == 2:
-    y = jnp.einsum("...E,ED->...D", out.reshape(*out.shape[:-2], w.shape[0]), w)
-  else:
-    y = jnp.einsum("...NH,NHD->...D", out, w)
+  y = jnp.einsum("...E,ED->...D", out.reshape(*out.shape[:-2], w.shape[0]), w)
   return y + lp["o"]["b"] if "b" in lp["o"] else y
-
-
-def _merged_heads(layers_params: Params) -> Params:
-  """The stacked layers' output projection as [L, N*H, D] (a bitcast of [L, N, H, D]).
-
-  Contracting over one axis lets XLA's split-K GPU matmul read a layer's
-  slice of the stacked weight in place: over (N, H) it copied each layer's
-  25.7 MB o weight before the product, every decode step (7B, H200; the
-  profile in benchmarks/results/decode_profile_*_dump_gpu.md).
-  """
-  w = layers_params["o"]["w"]
-  return {**layers_params, "o": {**layers_params["o"], "w": w.reshape(w.shape[0], -1, w.shape[-1])}}
 
 
 def mlp_block(lp: Params, cfg: Qwen2Config, h: Float[Array, "... D"]) -> Float[Array, "... D"]:
@@ -341,6 +330,6 @@ def decode_step(
   h = embed(params, tokens)
   # Unrolled: in a rolled loop XLA copies each layer's slice of the stacked weights before its
   # matrix-vector products, tripling the bytes a step reads (benchmarks/results/layer_loop_*).
-  (h, cache), _ = jax.lax.scan(body, (h, cache), (_merged_heads(params["layers"]), jnp.arange(cfg.num_layers)),
+  (h, cache), _ = jax.lax.scan(body, (h, cache), (params["layers"], jnp.arange(cfg.num_layers)),
                                unroll=True)
   return lm_head(params, cfg, final_norm(params, cfg, h)), cache.advance()

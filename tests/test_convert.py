@@ -35,6 +35,8 @@ def test_round_trip_is_exact_and_copies_the_side_files(llava_hf, llava_converted
   # Spot checks of the layouts against the torch modules themselves.
   q = llava_hf.model.model.language_model.layers[1].self_attn.q_proj.weight.detach().numpy()
   np.testing.assert_array_equal(got["decoder/layers/q/w"][1], q.T.reshape(64, 4, 16))
+  o = llava_hf.model.model.language_model.layers[1].self_attn.o_proj.weight.detach().numpy()
+  np.testing.assert_array_equal(got["decoder/layers/o/w"][1], o.T)  # [N*H, D]: checkpoint format 2
   conv = llava_hf.model.model.vision_tower.embeddings.patch_embedding.weight.detach().numpy()
   np.testing.assert_array_equal(got["vision/patch_embed/w"], conv.transpose(1, 2, 3, 0))
   for name in ("tokenizer.json", "tokenizer_config.json", "preprocessor_config.json",
@@ -119,6 +121,15 @@ def test_truncated_safetensors_is_named(llava_hf, tmp_path):
 def test_cli_reports_errors_and_refuses_to_overwrite(llava_hf, llava_converted, capsys):
   assert convert_main([str(llava_hf.folder), str(llava_converted.folder), "--quiet"]) == 1
   assert "already exists" in capsys.readouterr().err
+
+
+def test_a_checkpoint_of_an_older_format_asks_for_conversion(llava_converted, tmp_path):
+  old = tmp_path / "old"
+  shutil.copytree(llava_converted.folder, old)
+  meta = json.loads((old / "wq_config.json").read_text())
+  (old / "wq_config.json").write_text(json.dumps({**meta, "version": 1}))
+  with pytest.raises(ConversionError, match=r"version 1, expected 'windowquant-jax' version 2; convert the Hugging"):
+    load_checkpoint(old)
 
 
 def test_loading_an_unconverted_folder_is_an_error(llava_hf):

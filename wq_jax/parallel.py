@@ -53,7 +53,7 @@ _TENSOR_PARALLEL = {
     ("q", "w"): P(None, None, MODEL, None), ("q", "b"): P(None, MODEL, None),
     ("k", "w"): P(None, None, MODEL, None), ("k", "b"): P(None, MODEL, None),
     ("v", "w"): P(None, None, MODEL, None), ("v", "b"): P(None, MODEL, None),
-    ("o", "w"): P(None, MODEL, None, None),
+    ("o", "w"): P(None, MODEL, None),  # [L, N*H, D]: heads are the major part of N*H
     ("gate", "w"): P(None, None, MODEL), ("up", "w"): P(None, None, MODEL), ("down", "w"): P(None, MODEL, None),
 }
 

@@ -152,7 +152,7 @@ def internlm2_rules(cfg: Qwen2Config, path: str = "decoder", hf: str = "language
     Rule(f"{path}/embed", hf + "tok_embeddings.weight"),
     Rule(f"{path}/layers/attn_norm", layer + "attention_norm.weight"),
     Rule(f"{path}/layers/mlp_norm", layer + "ffn_norm.weight"),
-    Rule(f"{path}/layers/o/w", layer + "attention.wo.weight", "linear_from_heads"),
+    Rule(f"{path}/layers/o/w", layer + "attention.wo.weight", "linear"),
     Rule(f"{path}/layers/gate/w", layer + "feed_forward.w1.weight", "linear"),
     Rule(f"{path}/layers/up/w", layer + "feed_forward.w3.weight", "linear"),
     Rule(f"{path}/layers/down/w", layer + "feed_forward.w2.weight", "linear"),

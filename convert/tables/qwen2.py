@@ -14,7 +14,7 @@ def rules(cfg: Qwen2Config, path: str = "decoder", hf: str = "language_model.") 
   out = [
       Rule(f"{path}/embed", f"{hf}embed_tokens.weight"),
       Rule(f"{path}/layers/attn_norm", layer + "input_layernorm.weight"),
-      Rule(f"{path}/layers/o/w", layer + "self_attn.o_proj.weight", "linear_from_heads"),
+      Rule(f"{path}/layers/o/w", layer + "self_attn.o_proj.weight", "linear"),
       Rule(f"{path}/layers/mlp_norm", layer + "post_attention_layernorm.weight"),
       Rule(f"{path}/norm", f"{hf}norm.weight"),
   ]
