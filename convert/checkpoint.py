@@ -34,7 +34,8 @@ from convert import tables
 from convert.framework import ConversionError, fill, plan, set_path, tree_paths
 from models import registry
 
-# Version 2: the decoder's attention output weight is [L, N*H, D] (version 1: [L, N, H, D]).
+# Version 2: the decoder's attention output weight is [L, N*H, D] (version 1: [L, N, H, D]), q, k and v are
+# one [L, D, K, G+2, H] weight and gate and up one [L, D, 2, F] (version 1: five).
 FORMAT, VERSION = "windowquant-jax", 2
 WQ_CONFIG, PARAMS = "wq_config.json", "params"
 DTYPES = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16),

@@ -7,9 +7,14 @@ the leaf. A rule's hook turns the HF tensor into our layout; each hook also
 says which HF shape it expects for a given target shape, so every shape is
 checked from the file headers before any data is read.
 
+A rule may fill one `part` of its leaf, a range along one axis (of a layer's
+slice, for a stacked leaf): our fused weights take several HF tensors, as q, k
+and v fill one [D, K, G+2, H] projection.
+
 Accounting is strict: every leaf of the `eval_shape` tree gets exactly one
-rule, every HF tensor is used (a fused tensor by one rule per part) or matches
-one of the table's `ignore` patterns, and a failure lists everything missing, left over or misshapen.
+rule, or parts that tile one of its axes; every HF tensor is used (a fused
+tensor by one rule per part) or matches one of the table's `ignore` patterns,
+and a failure lists everything missing, left over or misshapen.
 """
 from __future__ import annotations
 
@@ -43,7 +48,7 @@ HOOKS: dict[str, Hook] = {h.name: h for h in (
     Hook("identity", lambda s: s, lambda x, s: x),
     # nn.Linear weight [E, D] -> [D, E].
     Hook("linear", lambda s: (s[1], s[0]), lambda x, s: x.T),
-    # nn.Linear weight [N*H, D] -> [D, N, H]: split the output into heads.
+    # nn.Linear weight [N*H, D] -> [D, N, H]: split the output into heads (or into any trailing axes).
     Hook("linear_to_heads", lambda s: (_prod(s[1:]), s[0]), lambda x, s: x.T.reshape(s)),
     # nn.Linear weight [D, N*H] -> [N, H, D]: the output projection reads heads.
     Hook("linear_from_heads", lambda s: (s[-1], _prod(s[:-1])), lambda x, s: x.T.reshape(s)),
@@ -59,10 +64,26 @@ class Rule:
   path: str  # our leaf, "/"-separated
   hf: str  # canonical HF name; "{l}" = layer index, stacked along the leaf's axis 0
   hook: str | Hook = "identity"  # a name in HOOKS, or a table's own Hook (e.g. one that knows the head count)
+  # (axis, start, stop): the rule fills [start, stop) of that axis of the leaf (of a layer's slice if stacked)
+  part: tuple[int, int, int] | None = None
 
   @property
   def stacked(self) -> bool:
     return "{l}" in self.hf
+
+  def region(self, shape: Shape) -> tuple[slice, ...]:
+    """The index of this rule's part of an array of `shape` (the whole of it without a part)."""
+    if self.part is None:
+      return (slice(None),) * len(shape)
+    axis, start, stop = self.part
+    return (slice(None),) * axis + (slice(start, stop),)
+
+  def target_shape(self, shape: Shape) -> Shape:
+    """The shape of this rule's part of an array of `shape`."""
+    if self.part is None:
+      return tuple(shape)
+    axis, start, stop = self.part
+    return (*shape[:axis], stop - start, *shape[axis + 1:])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,11 +102,12 @@ class Table:
 
 
 class Assignment(NamedTuple):
-  """One HF tensor into one leaf (or one layer slice of a stacked leaf)."""
+  """One HF tensor into one leaf (or one layer slice of a stacked leaf), or into a part of it."""
   path: str
   layer: int | None
   hf_name: str  # the name as stored in the checkpoint
   hook: Hook
+  region: tuple[slice, ...] = ()  # of the leaf (or layer slice); () is all of it
 
 
 def tree_paths(tree) -> dict[str, object]:
@@ -116,34 +138,20 @@ def plan(table: Table, abstract, hf_shapes: Mapping[str, Shape]) -> list[Assignm
       problems.append(f"two tensors map to {c!r}: {canonical[c]!r} and {name!r}")
     canonical[c] = name
 
-  ruled = {}
+  ruled: dict[str, list[Rule]] = {}
   for rule in table.rules:
-    if rule.path in ruled:
-      problems.append(f"table bug: two rules for parameter {rule.path!r}")
-    ruled[rule.path] = rule
+    ruled.setdefault(rule.path, []).append(rule)
   for path in sorted(set(ruled) - set(leaves)):
     problems.append(f"table bug: rule for unknown parameter {path!r}")
+  for path, rules in ruled.items():
+    if path in leaves:
+      problems += _coverage(path, rules, leaves[path].shape)
   no_rule = sorted(set(leaves) - set(ruled))
 
   assignments, missing, shapes, used = [], [], [], set()
   for path, leaf in leaves.items():
-    rule = ruled.get(path)
-    if rule is None:
-      continue
-    hook = rule.hook if isinstance(rule.hook, Hook) else HOOKS[rule.hook]
-    layer_ids = range(leaf.shape[0]) if rule.stacked else (None,)
-    target = tuple(leaf.shape[1:]) if rule.stacked else tuple(leaf.shape)
-    for l in layer_ids:
-      c = rule.hf.format(l=l) if rule.stacked else rule.hf
-      if c not in canonical:
-        missing.append(f"{c} (for {path}{'' if l is None else f' layer {l}'})")
-        continue
-      used.add(c)
-      want, got = tuple(hook.hf_shape(target)), tuple(hf_shapes[canonical[c]])
-      if want != got:
-        shapes.append(f"{canonical[c]}: shape {got}, expected {want} for {path} (hook {hook.name})")
-        continue
-      assignments.append(Assignment(path, l, canonical[c], hook))
+    for rule in ruled.get(path, ()):
+      _assign(rule, path, leaf, canonical, hf_shapes, assignments, missing, shapes, used)
   extra = sorted(canonical[c] for c in canonical if c not in used and not table.ignored(c))
 
   if no_rule:
@@ -159,6 +167,45 @@ def plan(table: Table, abstract, hf_shapes: Mapping[str, Shape]) -> list[Assignm
   return assignments
 
 
+def _coverage(path: str, rules: list[Rule], shape: Shape) -> list[str]:
+  """Table bugs of one leaf's rules: more than one without parts, or parts that do not tile one axis."""
+  if len(rules) == 1 and rules[0].part is None:
+    return []
+  if any(r.part is None for r in rules):
+    return [f"table bug: two rules for parameter {path!r}"]
+  axes = {r.part[0] for r in rules}
+  stacked = {r.stacked for r in rules}
+  if len(axes) != 1 or len(stacked) != 1:
+    return [f"table bug: the parts of {path!r} are not ranges of one axis"]
+  axis = axes.pop()
+  size = (shape[1:] if stacked.pop() else shape)[axis]
+  covered = sorted((r.part[1], r.part[2]) for r in rules)
+  ends = [0] + [stop for _, stop in covered]
+  if [start for start, _ in covered] != ends[:-1] or ends[-1] != size:
+    return [f"table bug: the parts of {path!r} do not tile axis {axis} of size {size}: {covered}"]
+  return []
+
+
+def _assign(rule, path, leaf, canonical, hf_shapes, assignments, missing, shapes, used) -> None:
+  """Plans one rule (a tensor a layer if stacked), adding to the lists of what `plan` reports."""
+  hook = rule.hook if isinstance(rule.hook, Hook) else HOOKS[rule.hook]
+  layer_ids = range(leaf.shape[0]) if rule.stacked else (None,)
+  whole = tuple(leaf.shape[1:]) if rule.stacked else tuple(leaf.shape)
+  target = rule.target_shape(whole)
+  region = rule.region(whole) if rule.part else ()
+  for l in layer_ids:
+    c = rule.hf.format(l=l) if rule.stacked else rule.hf
+    if c not in canonical:
+      missing.append(f"{c} (for {path}{'' if l is None else f' layer {l}'})")
+      continue
+    used.add(c)
+    want, got = tuple(hook.hf_shape(target)), tuple(hf_shapes[canonical[c]])
+    if want != got:
+      shapes.append(f"{canonical[c]}: shape {got}, expected {want} for {path} (hook {hook.name})")
+      continue
+    assignments.append(Assignment(path, l, canonical[c], hook, region))
+
+
 def fill(
     assignments: Iterable[Assignment],
     abstract,
@@ -172,6 +219,8 @@ def fill(
   for a in assignments:
     x = read(a.hf_name)
     target = out[a.path] if a.layer is None else out[a.path][a.layer]
+    if a.region:
+      target = target[a.region]  # a basic-slicing view: writing it fills the leaf
     target[...] = a.hook.apply(x, target.shape).astype(dtype, copy=False)
     if progress is not None:
       progress(1)

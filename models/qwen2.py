@@ -128,13 +128,18 @@ class Qwen2Config:
 def param_shapes(cfg: Qwen2Config) -> dict:
   l, d, n, k, h, f, v = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                          cfg.intermediate_size, cfg.vocab_size)
+  # q, k and v are one [L, D, K, G+2, H] projection: per KV head its G query heads (query head k*G+g),
+  # its key, its value. One matrix product instead of three (at batch 1 XLA turned K's and V's into a
+  # multiply and two reduces each), and tensor parallelism still splits it over K. gate and up are
+  # one [L, D, 2, F] product, split over F.
   # o is [L, N*H, D], its heads merged: a layer's slice is then a matrix whose contraction axis XLA's
   # split-K matmul can split in place. As [L, N, H, D] (checkpoint format 1) XLA copied each layer's
   # 25.7 MB slice before the product, every decode step (7B, H200: 0.35 ms a step; the optimized HLO of
   # benchmarks/results/decode_profile_*_dump_s18_gpu.md showed a `wrapped_slice` feeding the gemm).
-  attn = {"q": {"w": (l, d, n, h)}, "k": {"w": (l, d, k, h)}, "v": {"w": (l, d, k, h)}, "o": {"w": (l, n * h, d)}}
+  g = n // k
+  attn = {"qkv": {"w": (l, d, k, g + 2, h)}, "o": {"w": (l, n * h, d)}}
   if cfg.qkv_bias:
-    attn["q"]["b"], attn["k"]["b"], attn["v"]["b"] = (l, n, h), (l, k, h), (l, k, h)
+    attn["qkv"]["b"] = (l, k, g + 2, h)
   if cfg.o_bias:
     attn["o"]["b"] = (l, d)
   shapes = {
@@ -143,8 +148,7 @@ def param_shapes(cfg: Qwen2Config) -> dict:
           "attn_norm": (l, d),
           **attn,
           "mlp_norm": (l, d),
-          "gate": {"w": (l, d, f)},
-          "up": {"w": (l, d, f)},
+          "gate_up": {"w": (l, d, 2, f)},
           "down": {"w": (l, f, d)},
       },
       "norm": (d,),
@@ -218,14 +222,13 @@ def apply_rope(x: Float[Array, "B T N H"], cos: Float[Array, "B T H"], sin: Floa
 
 
 def project_qkv(lp: Params, cfg: Qwen2Config, x: Float[Array, "B T D"], cos, sin):
-  """q [B, T, N, H], k and v [B, T, K, H], q and k rotated."""
-  q, k, v = (_heads(lp[n], x) for n in "qkv")
-  return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
-
-
-def _heads(p: Params, x: Float[Array, "B T D"]) -> Float[Array, "B T N H"]:
-  y = jnp.einsum("BTD,DNH->BTNH", x, p["w"])
-  return y + p["b"] if "b" in p else y
+  """q [B, T, N, H], k and v [B, T, K, H], q and k rotated: one product with the fused [D, K, G+2, H] weight."""
+  p = lp["qkv"]
+  y = jnp.einsum("BTD,DKJH->BTKJH", x, p["w"])
+  y = y + p["b"] if "b" in p else y
+  g = y.shape[3] - 2
+  q = y[:, :, :, :g].reshape(*y.shape[:2], -1, y.shape[-1])  # query head k*G + g
+  return apply_rope(q, cos, sin), apply_rope(y[:, :, :, g], cos, sin), y[:, :, :, g + 1]
 
 
 def out_proj(lp: Params, out: Float[Array, "*B N H"]) -> Float[Array, "*B D"]:
@@ -238,7 +241,8 @@ def out_proj(lp: Params, out: Float[Array, "*B N H"]) -> Float[Array, "*B D"]:
 def mlp_block(lp: Params, cfg: Qwen2Config, h: Float[Array, "... D"]) -> Float[Array, "... D"]:
   x = layers.rms_norm(h, lp["mlp_norm"], cfg.rms_norm_eps)
   act = layers.activation(cfg.hidden_act)
-  y = act(jnp.einsum("...D,DF->...F", x, lp["gate"]["w"])) * jnp.einsum("...D,DF->...F", x, lp["up"]["w"])
+  gate_up = jnp.einsum("...D,DJF->...JF", x, lp["gate_up"]["w"])  # J: gate, up
+  y = act(gate_up[..., 0, :]) * gate_up[..., 1, :]
   return h + jnp.einsum("...F,FD->...D", y, lp["down"]["w"])
 
 

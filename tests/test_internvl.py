@@ -139,24 +139,6 @@ def test_original_layout_converts_to_the_same_params(tiny, tmp_path):
   _logits_match(family.logits(params, cfg, inputs), _hf_logits(tiny.model, **inputs), inputs["attention_mask"])
 
 
-def test_wqkv_hooks_split_query_heads_per_kv_group():
-  """InternLM2's fused rows: per KV head, its G query heads, then its key, then its value."""
-  from convert.tables import internvl as table
-
-  heads, kv, h, d = 4, 2, 3, 5
-  rows = np.arange((heads + 2 * kv) * h * d, dtype=np.float32).reshape(kv, heads // kv + 2, h, d)
-  fused = rows.reshape(-1, d)
-  q = table.wqkv("q", heads, kv).apply(fused, (d, heads, h))
-  k = table.wqkv("k", heads, kv).apply(fused, (d, kv, h))
-  v = table.wqkv("v", heads, kv).apply(fused, (d, kv, h))
-  np.testing.assert_array_equal(q[:, 3], rows[1, 1].T)  # query head 3 = KV group 1, its 2nd query
-  np.testing.assert_array_equal(k[:, 1], rows[1, 2].T)
-  np.testing.assert_array_equal(v[:, 0], rows[0, 3].T)
-  bias = rows[..., 0].reshape(-1)  # [(K*(G+2))*H]
-  np.testing.assert_array_equal(table.wqkv_bias("q", heads, kv).apply(bias, (heads, h))[3], rows[1, 1, :, 0])
-  np.testing.assert_array_equal(table.wqkv_bias("v", heads, kv).apply(bias, (kv, h))[1], rows[1, 3, :, 0])
-
-
 def test_frames_preprocessing_equals_got_ocr2_pil():
   rng = np.random.default_rng(7)
   frames = rng.integers(0, 256, (3, 50, 90, 3), np.uint8)

@@ -50,11 +50,9 @@ def replicate(tree, mesh: Mesh):
 
 # How each decoder weight splits over 'model' (leading L axis of stacked layers first).
 _TENSOR_PARALLEL = {
-    ("q", "w"): P(None, None, MODEL, None), ("q", "b"): P(None, MODEL, None),
-    ("k", "w"): P(None, None, MODEL, None), ("k", "b"): P(None, MODEL, None),
-    ("v", "w"): P(None, None, MODEL, None), ("v", "b"): P(None, MODEL, None),
+    ("qkv", "w"): P(None, None, MODEL, None, None), ("qkv", "b"): P(None, MODEL, None, None),  # over K
     ("o", "w"): P(None, MODEL, None),  # [L, N*H, D]: heads are the major part of N*H
-    ("gate", "w"): P(None, None, MODEL), ("up", "w"): P(None, None, MODEL), ("down", "w"): P(None, MODEL, None),
+    ("gate_up", "w"): P(None, None, None, MODEL), ("down", "w"): P(None, MODEL, None),
 }
 
 

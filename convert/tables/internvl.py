@@ -26,9 +26,10 @@ The original InternVL2 layout and how it maps onto the same parameters:
     language_model.model.layers.{l}.
         attention_norm, ffn_norm      -> attn_norm, mlp_norm
         attention.wqkv [(K*(G+2))*H, D]: per KV head k, G query heads, its key, its value
-                                      -> q (query head k*G+g), k, v
+                                      -> qkv [D, K, G+2, H] (the same order; query head k*G+g)
         attention.wo                  -> o
-        feed_forward.w1, w3, w2       -> gate, up, down
+        feed_forward.w1, w3           -> gate_up [D, 2, F] (gate, then up)
+        feed_forward.w2               -> down
     language_model.model.norm         -> decoder/norm
     language_model.output             -> decoder/lm_head
 
@@ -59,34 +60,6 @@ def vit_qkv(part: int) -> tuple[Hook, Hook]:
   )
   bias = Hook(f"vit_qkv{part}_bias", lambda s: (3 * math.prod(s),), lambda x, s: x.reshape(3, -1)[part].reshape(s))
   return weight, bias
-
-
-def _wqkv_part(x, part: str, heads: int, kv_heads: int):
-  """Part of InternLM2's fused rows grouped as [K, G + 2, ...]: per KV head, its G query
-  heads, its key, its value. The queries come out as heads k*G + g."""
-  g = heads // kv_heads
-  x = x.reshape(kv_heads, g + 2, *x.shape[1:])
-  if part == "q":
-    return x[:, :g].reshape(heads, *x.shape[2:])
-  return x[:, g if part == "k" else g + 1]
-
-
-def wqkv(part: str, heads: int, kv_heads: int) -> Hook:
-  """InternLM2's fused wqkv [(K*(G+2))*H, D] -> q [D, N, H], k or v [D, K, H]."""
-  return Hook(
-    f"wqkv_{part}",
-    lambda s: ((heads + 2 * kv_heads) * s[-1], s[0]),
-    lambda x, s: _wqkv_part(x.reshape(-1, s[-1], x.shape[-1]), part, heads, kv_heads).transpose(2, 0, 1),
-  )
-
-
-def wqkv_bias(part: str, heads: int, kv_heads: int) -> Hook:
-  """InternLM2's wqkv bias [(K*(G+2))*H] -> q [N, H], k or v [K, H]."""
-  return Hook(
-    f"wqkv_{part}_bias",
-    lambda s: ((heads + 2 * kv_heads) * s[-1],),
-    lambda x, s: _wqkv_part(x.reshape(-1, s[-1]), part, heads, kv_heads),
-  )
 
 
 def _norm(path: str, hf: str, rms: bool) -> list[Rule]:
@@ -153,17 +126,15 @@ def internlm2_rules(cfg: Qwen2Config, path: str = "decoder", hf: str = "language
     Rule(f"{path}/layers/attn_norm", layer + "attention_norm.weight"),
     Rule(f"{path}/layers/mlp_norm", layer + "ffn_norm.weight"),
     Rule(f"{path}/layers/o/w", layer + "attention.wo.weight", "linear"),
-    Rule(f"{path}/layers/gate/w", layer + "feed_forward.w1.weight", "linear"),
-    Rule(f"{path}/layers/up/w", layer + "feed_forward.w3.weight", "linear"),
+    Rule(f"{path}/layers/gate_up/w", layer + "feed_forward.w1.weight", "linear_to_heads", part=(1, 0, 1)),
+    Rule(f"{path}/layers/gate_up/w", layer + "feed_forward.w3.weight", "linear_to_heads", part=(1, 1, 2)),
     Rule(f"{path}/layers/down/w", layer + "feed_forward.w2.weight", "linear"),
     Rule(f"{path}/norm", hf + "norm.weight"),
+    # wqkv's rows are already [K, G+2, H], our fused projection's layout
+    Rule(f"{path}/layers/qkv/w", layer + "attention.wqkv.weight", "linear_to_heads"),
   ]
-  for n in "qkv":
-    out.append(Rule(f"{path}/layers/{n}/w", layer + "attention.wqkv.weight", wqkv(n, cfg.num_heads, cfg.num_kv_heads)))
-    if cfg.qkv_bias:
-      out.append(
-        Rule(f"{path}/layers/{n}/b", layer + "attention.wqkv.bias", wqkv_bias(n, cfg.num_heads, cfg.num_kv_heads))
-      )
+  if cfg.qkv_bias:
+    out.append(Rule(f"{path}/layers/qkv/b", layer + "attention.wqkv.bias", "split_heads"))
   if cfg.o_bias:
     out.append(Rule(f"{path}/layers/o/b", layer + "attention.wo.bias"))
   if not cfg.tie_word_embeddings:
