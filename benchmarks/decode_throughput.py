@@ -536,6 +536,8 @@ def parse_args(argv=None):
   parser.add_argument("--memory-gb", type=float, help="device memory for --capacity where the allocator "
                       "reports none (CPU): the free bytes after the weights")
   parser.add_argument("--out", type=Path, help="results folder (default benchmarks/results)")
+  parser.add_argument("--tag", default="", help="appended to the results' names (a run's time, say), so that "
+                      "a run does not overwrite an earlier one")
   args = parser.parse_args(argv)
   args.settings = [Setting.parse(s) for s in args.settings or
                    (TINY_SETTINGS if args.tiny else ["60x5", "20x5", "1x100", "32x100"])]
@@ -586,7 +588,7 @@ def main(argv=None) -> Report:
     print(f"device {device}", flush=True)
     title = (f"Decode throughput, random-weight {'tiny LLaVA-OneVision' if args.tiny else args.preset}, "
              f"{model.dtype}, {args.steps} tokens a loop")
-    report = Report(tag, title, device, args.out)
+    report = Report(tag + (f"_{args.tag}" if args.tag else ""), title, device, args.out)
     frames = sorted({s.frames for s in args.settings})
     prefills = {f: prefill_one(model, f, args.steps) for f in frames}
     built = {(f, m): build(prefills[f], m, args.steps) for f in frames for m in args.methods}

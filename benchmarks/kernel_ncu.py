@@ -76,7 +76,7 @@ def profile(args) -> None:
       (out / f"{rep.name}_{page}.csv").write_text(r.stdout)
       if r.returncode:
         log.append(f"{page}: {r.stderr[-1000:]}")
-  (out / "ncu_log.txt").write_text("\n".join(log))
+    (out / "ncu_log.txt").write_text("\n".join(log))  # after each plan: a later one may run out of time
   print("\n".join(log)[-4000:])
 
 

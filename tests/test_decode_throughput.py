@@ -14,10 +14,10 @@ def results(tmp_path_factory):
   out = tmp_path_factory.mktemp("decode_throughput")
   # 50 MB of "device memory" (a CPU reports none): capacity predicts and tries batches of tens.
   decode_throughput.main(["--tiny", "--settings", *SETTINGS, "--capacity", "--sweeps", "--memory-gb", "0.05",
-                          "--out", str(out)])
+                          "--out", str(out), "--tag", "t"])
 
   def read(part):
-    return json.loads((out / f"decode_throughput_tiny{part}_{jax.default_backend()}.json").read_text())
+    return json.loads((out / f"decode_throughput_tiny_t{part}_{jax.default_backend()}.json").read_text())
 
   return read(""), read("_capacity"), read("_sweeps"), out
 
@@ -30,8 +30,8 @@ def test_every_method_is_timed_in_every_setting(results):
     assert r["ms_step"] > 0 and r["tok_s"] > 0 and r["floor_ms"] > 0 and r["compile_s"] > 0
     assert r["tok_s"] == pytest.approx(1e3 * r["batch"] / r["ms_step"])
     assert len(r["loop_times_s"]) == 2
-  assert (out / f"decode_throughput_tiny_{jax.default_backend()}.md").read_text().count("| 3x12 |") == 9
-  assert (out / f"decode_throughput_tiny_{jax.default_backend()}.png").stat().st_size > 0
+  assert (out / f"decode_throughput_tiny_t_{jax.default_backend()}.md").read_text().count("| 3x12 |") == 9
+  assert (out / f"decode_throughput_tiny_t_{jax.default_backend()}.png").stat().st_size > 0
 
 
 def test_bytes_follow_the_methods(results):
