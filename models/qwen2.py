@@ -226,9 +226,11 @@ def project_qkv(lp: Params, cfg: Qwen2Config, x: Float[Array, "B T D"], cos, sin
   p = lp["qkv"]
   y = jnp.einsum("BTD,DKJH->BTKJH", x, p["w"])
   y = y + p["b"] if "b" in p else y
-  g = y.shape[3] - 2
-  q = y[:, :, :, :g].reshape(*y.shape[:2], -1, y.shape[-1])  # query head k*G + g
-  return apply_rope(q, cos, sin), apply_rope(y[:, :, :, g], cos, sin), y[:, :, :, g + 1]
+  b, t, kv, j, h = y.shape
+  g = j - 2
+  # A KV head's queries and key are adjacent: rotate them in one pass (one fusion, not one each).
+  qk = apply_rope(y[:, :, :, :g + 1].reshape(b, t, kv * (g + 1), h), cos, sin).reshape(b, t, kv, g + 1, h)
+  return qk[:, :, :, :g].reshape(b, t, kv * g, h), qk[:, :, :, g], y[:, :, :, g + 1]  # query head k*G + g
 
 
 def out_proj(lp: Params, out: Float[Array, "*B N H"]) -> Float[Array, "*B D"]:
