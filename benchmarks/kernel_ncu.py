@@ -1,14 +1,15 @@
 """Hardware counters of the decode kernel: run it under Nsight Compute and keep the readable pages.
 
-The kernel's step takes ~4x the cycles its dependent chain should (decode_attention_notes.md, run 12);
-which stall it waits on is what `ncu` reports and what no timing can. Two modes:
+A step of the kernel took ~4x the cycles its dependent chain should (decode_attention_notes.md, run 12);
+what it waits on (stall reasons, occupancy limits, instruction mix) is what `ncu` reports and no timing
+can. Three modes:
 
     # on the H200: each plan's call once, under ncu, then its report as CSV pages
     PYTHONPATH=. python benchmarks/kernel_ncu.py profile --plans mix int2 --out $OUT
     # the program ncu runs (one jitted call a plan)
     PYTHONPATH=. python benchmarks/kernel_ncu.py call --plan int2 --batch 8 --tokens 32768
 
-`profile` writes, a plan each, `<plan>.ncu-rep` and its `details` (throughput, occupancy, warp states,
+`profile` writes, a plan each, `<plan>_b<batch>_t<tokens>_<variant>.ncu-rep` and its `details` (throughput, occupancy, warp states,
 instruction mix), `raw` (every metric) and `source` (SASS with per-instruction stall samples) pages.
 `summarize` turns those pages into one markdown report (any machine):
 
@@ -87,7 +88,7 @@ def _number(text: str) -> float:
     return 0.0
 
 
-# details-page metrics worth a line each, by (section prefix, metric name)
+# details-page metrics worth a line each in the summary, by name
 _DETAILS = ["Duration", "SM Frequency", "DRAM Throughput", "L1/TEX Cache Throughput", "Memory Throughput",
             "Issue Slots Busy", "Registers Per Thread", "Dynamic Shared Memory Per Block", "Grid Size",
             "Block Limit Registers", "Block Limit Shared Mem", "Achieved Active Warps Per SM",
