@@ -23,3 +23,13 @@ def test_loops_counts_backward_branch_bodies():
   [(start, end, ops)] = list(kernel_sass.loops(sass))
   assert (start, end) == (0x10, 0x30)
   assert ops == {"HMMA": 1, "LDS": 1, "BRA": 1}
+
+
+def test_token_packed_prototype_lowers_for_cuda(tmp_path):
+  """The offline prototype (benchmarks/prototype_token_packed_v.py) lowers to Triton IR with its dots."""
+  from benchmarks import prototype_token_packed_v as proto
+
+  proto.main(["--warps", "1", "--out", str(tmp_path / "p")])
+  ir = (tmp_path / "p.ttir").read_text()
+  assert "tt.func" in ir and ir.count("tt.dot") >= 20  # 16 key products (4 tiles x 4 parts) and 4 value ones
+  assert "ex2.approx.ftz.f32" in ir and os.path.exists(tmp_path / "p.ttir.json")
