@@ -421,9 +421,10 @@ VARIANTS = {
     # Shared memory caps the main launch at 3 programs an SM (ncu, all-INT2 at batch 8 x 32k: 71.7 KB a program,
     # 128 registers, which would allow 4). The high-precision loop's 64-token tiles set it: at 32 tokens a step
     # it needs 37.9 KB (offline, pip Triton 3.9; 137 registers on the mix plan against 166), and with 2
-    # pipeline stages 38.9 KB. Each with the grid sized for 4 programs an SM, and d32 alone:
+    # pipeline stages 38.9 KB. Each with the grid sized for 4 programs an SM. Run 13 (17:40, batch 8 x 32k,
+    # µs, mix / int2 / fp16): d32p4 152.6 / 128.9 / 166.3, s2p4 163.7 / 173.8 / 178.8, against the default's
+    # 159.6 / 123.2 / 178.0; d32p4 then took 859 µs on the mix at batch 60 against the default's 745 (run 12)
     "d32p4": qd.DecodeConfig(dense_tokens=32, programs_per_multiprocessor=4),
-    "d32": qd.DecodeConfig(dense_tokens=32),
     "s2p4": qd.DecodeConfig(num_stages=2, programs_per_multiprocessor=4),
     # 2 warps, one window a step for every pool (186 registers on the mix plan: 5 programs an SM)
     "t1w2p5": qd.DecodeConfig(tile_windows=1, int4_tile_windows=None, num_warps=2, programs_per_multiprocessor=5,

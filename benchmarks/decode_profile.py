@@ -150,7 +150,8 @@ def main(argv=None):
       rows += [{**job.label, **{c: k[c] for c in COLUMNS[3:]}} for k in summary["by_kernel"][:args.top]]
   tag = "tiny" if args.tiny else args.preset
   path = harness.write_results(
-      f"decode_profile_{tag}{'_' + args.tag if args.tag else ''}", rows, COLUMNS, f"Decode-step GPU time by kernel, random-weight {tag}",
+      f"decode_profile_{tag}{'_' + args.tag if args.tag else ''}", rows, COLUMNS,
+      f"Decode-step GPU time by kernel, random-weight {tag}",
       notes=("per_step: launches a decode step; us_step: their GPU time a step (a profiled loop of "
              f"{args.steps - 1} steps after a warm-up); share: of the GPU's busy time. The wall clock is an "
              f"unprofiled call of the same loop. XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`"), out_dir=args.out)

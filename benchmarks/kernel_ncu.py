@@ -9,8 +9,9 @@ can. Three modes:
     # the program ncu runs (one jitted call a plan)
     PYTHONPATH=. python benchmarks/kernel_ncu.py call --plan int2 --batch 8 --tokens 32768
 
-`profile` writes, a plan each, `<plan>_b<batch>_t<tokens>_<variant>.ncu-rep` and its `details` (throughput, occupancy, warp states,
-instruction mix), `raw` (every metric) and `source` (SASS with per-instruction stall samples) pages.
+`profile` writes, a plan each, `<plan>_b<batch>_t<tokens>_<variant>.ncu-rep` and its `details`
+(throughput, occupancy, warp states, instruction mix), `raw` (every metric) and `source` (SASS with
+per-instruction stall samples) pages.
 `summarize` turns those pages into one markdown report (any machine):
 
     python benchmarks/kernel_ncu.py summarize $OUT/int2_b8_t32768_default --out benchmarks/results/x.md

@@ -25,22 +25,35 @@ import sys
 PLANS = {"mix": (0.15, 0.35, 0.5), "int2": (0.0, 0.0, 1.0), "int4": (0.0, 1.0, 0.0), "fp16": (1.0, 0.0, 0.0)}
 
 
+def triton_modules(fn, *args) -> tuple[list[str], str]:
+  """(the Triton IR of each pallas_call in jit(fn)(*args), the lowered module's text), lowered for CUDA on
+  any machine by catching what Pallas hands to Triton."""
+  import jax
+  import jax._src.pallas.triton.lowering as lowering
+
+  modules = []
+  original = lowering.lower_jaxpr_to_triton_module
+
+  def spy(*a, **k):
+    result = original(*a, **k)
+    modules.append(result.module.operation.get_asm(enable_debug_info=False))
+    return result
+
+  lowering.lower_jaxpr_to_triton_module = spy
+  try:
+    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+  finally:
+    lowering.lower_jaxpr_to_triton_module = original
+  return modules, text
+
+
 def capture(plan: str, out: str, *, batch=8, tokens=32768, kv_heads=4, group=7, head_dim=128, window=32,
             kivi=False, config: dict | None = None) -> list[str]:
   """Writes OUT.<i>.ttir for each pallas_call of one decode-attention call, with a JSON of its launch."""
   import jax
   import jax.numpy as jnp
-  import jax._src.pallas.triton.lowering as lowering
 
   from pallas_kernels import quantized_decode as qd
-
-  modules = []
-  original = lowering.lower_jaxpr_to_triton_module
-
-  def spy(*args, **kwargs):
-    result = original(*args, **kwargs)
-    modules.append(result.module.operation.get_asm(enable_debug_info=False))
-    return result
 
   sds = jax.ShapeDtypeStruct
   windows = tokens // window
@@ -66,11 +79,7 @@ def capture(plan: str, out: str, *, batch=8, tokens=32768, kv_heads=4, group=7, 
           sds((3,), jnp.int32), sds((3,), jnp.int32), rest, rest, sds((batch,), jnp.int32))
   cfg = qd.DecodeConfig(**(config or {}))
   fn = lambda *a: qd.quantized_decode(*a, window_size=window, config=cfg, q_scale=head_dim ** -0.5)
-  lowering.lower_jaxpr_to_triton_module = spy
-  try:
-    text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-  finally:
-    lowering.lower_jaxpr_to_triton_module = original
+  modules, text = triton_modules(fn, *args)
   launches = zip(re.findall(r"num_warps = (\d+)", text), re.findall(r"num_stages = (\d+)", text))
   os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
   paths = []

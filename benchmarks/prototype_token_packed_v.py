@@ -25,6 +25,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from benchmarks import kernel_sass
 from pallas_kernels import quantized_decode as qd
 
 H, WINDOW, ROWS = 128, 32, 16  # head dim, keys a window, query rows (G padded)
@@ -69,8 +70,6 @@ def _kernel(q_ref, kc_ref, ks_ref, km_ref, vc_ref, vs_ref, vm_ref, o_ref, m_ref,
 
 def triton_ir(warps: int, programs: int = 32, keys: int = 4096) -> str:
   """The prototype's Triton IR, lowered for CUDA on any machine."""
-  import jax._src.pallas.triton.lowering as lowering
-
   sds = jax.ShapeDtypeStruct
   windows = keys // WINDOW
   meta = sds((programs * windows, H), jnp.float16)
@@ -87,19 +86,7 @@ def triton_ir(warps: int, programs: int = 32, keys: int = 4096) -> str:
                    sds((programs * ROWS,), jnp.float32)],
         compiler_params=plgpu.CompilerParams(num_warps=warps, num_stages=3))(*a)
 
-  modules, original = [], lowering.lower_jaxpr_to_triton_module
-
-  def spy(*a, **k):
-    result = original(*a, **k)
-    modules.append(result.module.operation.get_asm(enable_debug_info=False))
-    return result
-
-  lowering.lower_jaxpr_to_triton_module = spy
-  try:
-    jax.jit(call).trace(*args).lower(lowering_platforms=("cuda",))
-  finally:
-    lowering.lower_jaxpr_to_triton_module = original
-  return modules[0]
+  return kernel_sass.triton_modules(call, *args)[0][0]
 
 
 def main(argv=None):

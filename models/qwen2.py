@@ -336,6 +336,5 @@ def decode_step(
   h = embed(params, tokens)
   # Unrolled: in a rolled loop XLA copies each layer's slice of the stacked weights before its
   # matrix-vector products, tripling the bytes a step reads (benchmarks/results/layer_loop_*).
-  (h, cache), _ = jax.lax.scan(body, (h, cache), (params["layers"], jnp.arange(cfg.num_layers)),
-                               unroll=True)
+  (h, cache), _ = jax.lax.scan(body, (h, cache), (params["layers"], jnp.arange(cfg.num_layers)), unroll=True)
   return lm_head(params, cfg, final_norm(params, cfg, h)), cache.advance()
