@@ -85,8 +85,9 @@ def memory_stats() -> dict | None:
 
 
 def provenance() -> dict:
+  flags = os.environ.get("XLA_FLAGS", "")  # the same command runs differently under other flags
   return {
-      "command": " ".join(["python", *_invocation(), *sys.argv[1:]]),
+      "command": " ".join([*([f"XLA_FLAGS='{flags}'"] if flags else []), "python", *_invocation(), *sys.argv[1:]]),
       "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
       "device": device_name(),
       "jax": jax.__version__,
