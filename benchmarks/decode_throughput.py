@@ -54,6 +54,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import gc
+import json
 import os
 import statistics
 import tempfile
@@ -132,6 +133,7 @@ class Job:
   built: Built
   batch: int
   attention: str
+  compiler_options: dict | None = None  # XLA options of this loop's compilation (`--xla-options`)
 
 
 # ----------------------------------------------------------------------------- batches from one request
@@ -200,7 +202,7 @@ def compile_all(model, prefilled, jobs: list[Job], steps: int, workers: int) -> 
     cache, logits, positions = batch_inputs(prefilled, job.built, job.batch, abstract=True)
     start = time.perf_counter()
     compiled = generation.decode_call(model, cache, logits, positions, steps=steps, eos_ids=NO_EOS,
-                                      attention=job.attention).compile()
+                                      attention=job.attention).compile(job.compiler_options)
     return compiled, time.perf_counter() - start
 
   pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1)))
@@ -308,7 +310,8 @@ def plot(rows: list[dict], path: Path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 5))
-  markers = {"xla": "o", "pallas": "^"}
+  attentions = sorted({r["attention"] for r in rows})  # "xla", "pallas", and "pallas [NAME]" (`--xla-options`)
+  markers = dict(zip(attentions, "o^sDvP*X"))
   for i, method in enumerate(METHODS):
     for attention, marker in markers.items():
       group = [r for r in rows if r["method"] == method and r["attention"] == attention]
@@ -365,7 +368,9 @@ def run_jobs(model, prefilled, jobs: list[Job], args, budget: Budget, report: Re
 def main_rows(model, prefills, built, setting: Setting, args, device, budget, report, workspace) -> None:
   """Times every (method, attention) of a setting; notes each loop's workspace in `workspace`."""
   prefilled = prefills[setting.frames]
-  jobs = [Job({"setting": setting.name, "method": m, "attention": a}, built[setting.frames, m], setting.batch, a)
+  jobs = [Job({"setting": setting.name, "method": m, "attention": a + (f" [{name}]" if name else "")},
+              built[setting.frames, m], setting.batch, a, options)
+          for name, options in [("", None), *args.xla_options]
           for m in args.methods for a in (["xla"] if m in XLA_ONLY else args.attention)]
 
   def on_timed(job, t):
@@ -517,6 +522,17 @@ def sweep_rows(model, prefilled, frames: int, args, budget, report) -> None:
 # ----------------------------------------------------------------------------- main
 
 
+def _named_options(text: str) -> tuple[str, dict]:
+  """'NAME=JSON' -> (NAME, the options dict)."""
+  name, sep, options = text.partition("=")
+  if not sep or not name:
+    raise argparse.ArgumentTypeError(f"expected NAME=JSON, got {text!r}")
+  try:
+    return name, json.loads(options)
+  except json.JSONDecodeError as e:
+    raise argparse.ArgumentTypeError(f"{name}'s options are not JSON: {e}") from None
+
+
 def parse_args(argv=None):
   gpu = jax.default_backend() == "gpu"
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -531,6 +547,9 @@ def parse_args(argv=None):
   parser.add_argument("--repeats", type=int, default=2, help="timed calls a loop, after the warm-up")
   parser.add_argument("--capacity", action="store_true")
   parser.add_argument("--sweeps", action="store_true")
+  parser.add_argument("--xla-options", nargs="+", default=[], type=_named_options, metavar="NAME=JSON",
+                      help="also time every loop compiled with these XLA options, in the same run, e.g. "
+                           "'graphs={\"xla_gpu_graph_min_graph_size\": 1}'; rows say [NAME] after the attention")
   parser.add_argument("--budget-s", type=float, default=1e9, help="start nothing new after this many seconds")
   parser.add_argument("--compile-workers", type=int, default=8)
   parser.add_argument("--memory-gb", type=float, help="device memory for --capacity where the allocator "

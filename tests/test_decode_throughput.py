@@ -71,3 +71,25 @@ def test_sweeps_cover_alpha_and_window_size(results):
     assert tokens == [w * r["window_size"] for w in windows]
     assert sum(windows) == 2 * ((24 * 9 + 1) // r["window_size"])
     assert r["ms_step"] > 0
+
+
+def test_xla_options_time_each_loop_again_in_the_same_run(tmp_path):
+  options = 'graphs={"xla_gpu_graph_min_graph_size": 1}'
+  decode_throughput.main(["--tiny", "--settings", "1x24", "--methods", "fp16", "windowquant", "--steps", "3",
+                          "--repeats", "1", "--xla-options", options, "bad={\"xla_gpu_enable_command_buffer\": \"NO\"}",
+                          "--out", str(tmp_path), "--tag", "o"])
+  report = json.loads((tmp_path / f"decode_throughput_tiny_o_{jax.default_backend()}.json").read_text())
+  rows = {(r["method"], r["attention"]): r for r in report["rows"]}
+  assert set(rows) == {(m, a) for m in ("fp16", "windowquant") for a in ("xla", "xla [graphs]")}
+  # Each variant is compared with fp16 compiled the same way.
+  assert rows["windowquant", "xla [graphs]"]["speedup_vs_fp16"] == pytest.approx(
+      rows["fp16", "xla [graphs]"]["ms_step"] / rows["windowquant", "xla [graphs]"]["ms_step"])
+  md = (tmp_path / f"decode_throughput_tiny_o_{jax.default_backend()}.md").read_text()
+  assert "not a valid enum value" in md  # an option XLA refuses skips its rows, named, and the run goes on
+
+
+def test_xla_options_must_be_named_json():
+  with pytest.raises(SystemExit):
+    decode_throughput.parse_args(["--xla-options", "graphs"])
+  with pytest.raises(SystemExit):
+    decode_throughput.parse_args(["--xla-options", "graphs={nope"])

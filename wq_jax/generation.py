@@ -271,8 +271,12 @@ class DecodeCall(NamedTuple):
     """Tokens [B, steps] (the first from the prefill logits), how many were made, and their logits."""
     return DecodeLoop(self.static)(*self.arrays)
 
-  def compile(self):
-    """The loop over a step compiled ahead of time (`loop(*self.arrays)` runs it); arrays may be abstract."""
+  def compile(self, compiler_options: dict | None = None):
+    """The loop over a step compiled ahead of time (`loop(*self.arrays)` runs it); arrays may be abstract.
+
+    `compiler_options` are XLA debug options for this compilation only (the names XLA_FLAGS takes, without
+    the dashes), so that one process can time the same loop under two settings.
+    """
     params, cache, first_logits, next_positions, eos_ids, key, temperature, top_p = self.arrays
     b = first_logits.shape[0]
     shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
@@ -281,7 +285,7 @@ class DecodeCall(NamedTuple):
             next_positions, temperature, top_p)
     args = jax.tree.map(shape, args)
     compiled = _jitted_step.lower(*args, cfg=self.static["cfg"], implementation=self.static["implementation"],
-                                  greedy=self.static["greedy"]).compile()
+                                  greedy=self.static["greedy"]).compile(compiler_options=compiler_options)
     return DecodeLoop(self.static, step=compiled)
 
 
