@@ -5,6 +5,7 @@ LLaVA-OneVision-Qwen2-7B in bf16 (issue: end-to-end benchmarks on the H200).
         [--settings 60x5 20x5 1x100 32x100] [--methods fp16 rtn4 rtn2 kivi2 kivi4 windowquant A B C]
         [--attention xla pallas] [--steps 32] [--budget-s 450]
     python -m benchmarks.decode_throughput --tiny --capacity --sweeps   # the tests' tiny model, seconds on a CPU
+    ... --preset qwen2-vl-7b-instruct   # Qwen2-VL-7B: the same decoder with M-RoPE, 448 px frames (128 tokens)
 
 One prefill a video length. Every request of a setting (batch x frames) is the same synthetic
 video and prompt, so the script prefills ONE request (vision tower and decoder in full precision:
@@ -174,7 +175,7 @@ def batch_inputs(prefilled: generation.Prefilled, built: Built, batch: int, abst
 
 
 def prefill_one(model, frames: int, steps: int) -> generation.Prefilled:
-  size = model.config.vision.image_size
+  size = full_size.frame_side(model)
   video = video_io.synthetic_frames(frames, size, size, seed=0)
   return generation.prefill_requests(model, [video], [PROMPT], max_new_tokens=steps)
 
@@ -602,7 +603,7 @@ def main(argv=None) -> Report:
     if args.tiny:
       model, tag = full_size.tiny_llava_onevision(Path(tmp) / "model"), "tiny"
     else:
-      model, tag = full_size.llava_onevision(args.preset, Path(tmp) / "model"), args.preset
+      model, tag = full_size.model(args.preset, Path(tmp) / "model"), args.preset
     device = measure_device(model, args)
     print(f"device {device}", flush=True)
     title = (f"Decode throughput, random-weight {'tiny LLaVA-OneVision' if args.tiny else args.preset}, "

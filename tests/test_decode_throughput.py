@@ -93,3 +93,34 @@ def test_xla_options_must_be_named_json():
     decode_throughput.parse_args(["--xla-options", "graphs"])
   with pytest.raises(SystemExit):
     decode_throughput.parse_args(["--xla-options", "graphs={nope"])
+
+
+def test_full_size_qwen2_vl_builder_prefills_a_video(tmp_path):
+  """The Qwen2-VL preset's builder (tokenizer specials, video processor, M-RoPE), its widths shrunk so that a
+  CPU runs it: 4 frames of 448 px are 2 temporal patches of 32 x 32, 256 tokens each after the 2 x 2 merge."""
+  from benchmarks import full_size
+  from models import presets
+
+  hf = presets.hf_config("qwen2-vl-7b-instruct").to_dict()
+  text = hf.get("text_config") or hf
+  small = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}}
+  text.update(small)
+  for d in (hf, text):
+    d.pop("layer_types", None)  # one a layer of the 28: derived again from the 2
+  if text is not hf:
+    hf.update({k: v for k, v in small.items() if k in hf})
+  hf["vision_config"].update({"depth": 1, "embed_dim": 32, "num_heads": 2, "hidden_size": 64})
+  model = full_size.qwen2_vl("", tmp_path, jax.numpy.float32, hf=hf)
+  assert full_size.frame_side(model) == 448
+  prefilled = decode_throughput.prefill_one(model, 4, steps=3)
+  assert prefilled.seq_lens[0] > 512 > prefilled.seq_lens[0] - 64  # 512 video tokens and a short prompt
+  built = decode_throughput.build(prefilled, "windowquant", steps=3)
+  n16, n4, n2 = (int(x) for x in decode_throughput._counts(built.cache.plan).split("/"))
+  assert n16 >= 2 and n16 + n4 + n2 == 2 * 512 // 32  # windows of visual tokens; window 0 stays high
+
+
+def test_full_size_refuses_other_families(tmp_path):
+  from benchmarks import full_size
+  with pytest.raises(ValueError, match="LLaVA-OneVision and Qwen2-VL"):
+    full_size.model("internvl2-8b", tmp_path)
