@@ -120,7 +120,7 @@ def main(argv=None):
   with tempfile.TemporaryDirectory() as tmp:
     tmp = Path(tmp)
     model = (full_size.tiny_llava_onevision(tmp / "model") if args.tiny
-             else full_size.llava_onevision(args.preset, tmp / "model"))
+             else full_size.model(args.preset, tmp / "model"))
     frames = sorted({s.frames for s in settings})
     prefills = {f: dt.prefill_one(model, f, args.steps) for f in frames}
     built = {(f, m): dt.build(prefills[f], m, args.steps) for f in frames for m in args.methods}

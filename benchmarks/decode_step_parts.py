@@ -40,7 +40,7 @@ def main():
   args = ap.parse_args()
   copy = best_copy_TBps(copy_bandwidth()) if jax.default_backend() == "gpu" else float("nan")
   with tempfile.TemporaryDirectory() as tmp:
-    model = full_size.llava_onevision(args.preset, Path(tmp) / "m")
+    model = full_size.model(args.preset, Path(tmp) / "m")
   params, cfg = model.params["decoder"], model.config.text
   b, t = args.batch, args.tokens
   shape = (cfg.num_layers, b, cfg.num_kv_heads, t, cfg.head_dim)

@@ -105,7 +105,7 @@ def main():
       load_media(q.media, args.frames)
     media_s = (time.perf_counter() - start) / len(questions)
 
-    model = full_size.llava_onevision(args.preset, tmp / "model")
+    model = full_size.model(args.preset, tmp / "model")
     mesh = parallel.data_mesh() if jax.local_device_count() > 1 else None
     if mesh is not None:
       model = parallel.replicate(model, mesh)

@@ -153,7 +153,8 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   source = parser.add_mutually_exclusive_group(required=True)
   source.add_argument("--tiny", action="store_true", help="the tiny LLaVA-OneVision and Qwen2-VL, on any device")
-  source.add_argument("--preset", help="a full-size LLaVA-OneVision preset, e.g. llava-onevision-qwen2-7b-ov")
+  source.add_argument("--preset",
+                      help="a full-size LLaVA-OneVision or Qwen2-VL preset, e.g. llava-onevision-qwen2-7b-ov")
   parser.add_argument("--frames", type=int, default=None, help="default: 64 (tiny), 100 (preset)")
   parser.add_argument("--steps", type=int, default=32)
   parser.add_argument("--methods", nargs="+", default=list(METHODS), help="fp16 first: it is the reference")
@@ -168,8 +169,8 @@ def main():
     else:
       from benchmarks import full_size
       from wq_jax import video as video_io
-      model = full_size.llava_onevision(args.preset, Path(tmp) / "model")
-      sources = [(args.preset, model, video_io.synthetic_frames(frames, 384, 384, seed=0))]
+      model = full_size.model(args.preset, Path(tmp) / "model")
+      sources = [(args.preset, model, video_io.synthetic_frames(frames, *[full_size.frame_side(model)] * 2, seed=0))]
     for label, model, video in sources:
       print(label, flush=True)
       prompt = TINY_PROMPT if args.tiny else FULL_PROMPT

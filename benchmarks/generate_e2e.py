@@ -35,8 +35,8 @@ def main():
   args = parser.parse_args()
 
   with tempfile.TemporaryDirectory() as tmp:
-    model = full_size.llava_onevision(args.preset, Path(tmp) / "model")
-    frames = video_io.synthetic_frames(args.frames, 384, 384, seed=0)
+    model = full_size.model(args.preset, Path(tmp) / "model")
+    frames = video_io.synthetic_frames(args.frames, *[full_size.frame_side(model)] * 2, seed=0)
     videos = [frames] * args.batch if args.batch > 1 else frames
     prompts = [PROMPT] * args.batch if args.batch > 1 else PROMPT
     rows = []
