@@ -1,0 +1,93 @@
+"""Can a Mosaic GPU kernel with warp-level MMA be built and checked without a GPU? (JAX >= 0.11 only)
+
+The decode kernel's next form (`results/decode_attention_notes.md`, item 4) needs fragment layouts and
+accumulators of its own choosing: Pallas' Mosaic GPU backend, whose `plgpu.mma` issues Ampere's
+`mma.sync.m16n8k16` with `MMALayouts` operands. JAX 0.10 (the newest for Python 3.11, this project's CI)
+has no `plgpu.mma` and writes Mosaic GPU kernels with `pallas_call`; 0.11 (on the lent H200) writes them
+with `plgpu.kernel`. This probe runs one q [16, 128] x K^T [128, 32] product, the shape of a decode
+step's scores with the four warps of a warpgroup each on 8 tokens (`m_warps=1`), two ways on a CPU:
+
+1. lowered for CUDA (`lowering_platforms=("cuda",)`): layout and transfer errors surface here (an
+   untiled shared-memory operand, for one, fails with "Failed to synthesize a transfer pattern that
+   avoids bank conflicts"; the tiling and swizzle transforms below fix it);
+2. run in Mosaic GPU's interpret mode against `x @ y`. That mode has no rule for `mma` on a CPU, so
+   `interpret_mma_on_cpu()` gives it one: acc + a @ b in float32, what the instruction computes.
+
+    python3.12 -m venv /tmp/venv12 && /tmp/venv12/bin/pip install jax==0.11.2 jaxlib==0.11.2
+    /tmp/venv12/bin/python benchmarks/mosaic_mma_probe.py
+
+Prints the lowered module's size and the interpreted product's largest error; exits 1 above 1e-3 (a lost or
+misplaced fragment is off by whole products).
+"""
+from __future__ import annotations
+
+import sys
+
+import jax
+import jax.numpy as jnp
+
+M, K, N = 16, 128, 32  # q rows (7 of a GQA group, padded), head dim, tokens (8 a warp)
+
+
+def interpret_mma_on_cpu() -> None:
+  """Registers a CPU lowering for `plgpu.mma` (acc + a @ b in float32), so interpret mode runs it."""
+  from jax._src.interpreters import mlir
+  from jax._src.pallas.mosaic_gpu import primitives
+
+  def mma(acc, a, b):
+    return acc + jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
+
+  mlir.register_lowering(primitives.mma_p, mlir.lower_fun(mma, multiple_results=False), platform="cpu")
+
+
+def scores_kernel(interpret=None):
+  """q [M, K] f16 . k_t [K, N] f16 -> [M, N] f32 through shared memory and one warp-level MMA."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  def body(q_gmem, k_gmem, out_gmem, q_smem, k_smem, out_smem, barrier):
+    plgpu.copy_gmem_to_smem(q_gmem, q_smem, barrier.at[0])
+    plgpu.copy_gmem_to_smem(k_gmem, k_smem, barrier.at[0])
+    plgpu.barrier_wait(barrier.at[0])
+    q = plgpu.load(q_smem.at[()], layout=plgpu.Layout.MMA_LHS(jnp.float16, m_warps=1))
+    k = plgpu.load(k_smem.at[()], layout=plgpu.Layout.MMA_RHS(jnp.float16, m_warps=1))
+    acc = plgpu.layout_cast(jnp.zeros((M, N), jnp.float32), plgpu.Layout.MMA_ACC(jnp.float32, m_warps=1))
+    out_smem[...] = plgpu.mma(acc, q, k)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_smem, out_gmem)
+    plgpu.wait_smem_to_gmem(0)
+
+  def swizzled(shape, row_bytes):  # 8-row tiles of one swizzle span: what the MMA operand loads need
+    return plgpu.SMEM(shape, jnp.float16, transforms=(plgpu.TilingTransform((8, row_bytes // 2)),
+                                                      plgpu.SwizzleTransform(row_bytes)))
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((M, N), jnp.float32),
+      scratch_types=[swizzled((M, K), 128), swizzled((K, N), 2 * N), plgpu.SMEM((M, N), jnp.float32),
+                     plgpu.Barrier(num_arrivals=2, num_barriers=1)],
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+      interpret=interpret)
+
+
+def main() -> int:
+  major, minor = (int(x) for x in jax.__version__.split(".")[:2])
+  if (major, minor) < (0, 11):
+    print(f"jax {jax.__version__}: plgpu.mma and plgpu.kernel need jax >= 0.11 (Python >= 3.12)")
+    return 2
+  from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams
+
+  shapes = (jax.ShapeDtypeStruct((M, K), jnp.float16), jax.ShapeDtypeStruct((K, N), jnp.float16))
+  text = jax.jit(scores_kernel()).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+  print(f"jax {jax.__version__}: lowered for CUDA on {jax.default_backend()}: {len(text)} characters, "
+        f"Mosaic GPU custom call: {'mosaic_gpu' in text}")
+  interpret_mma_on_cpu()
+  kq, kk = jax.random.split(jax.random.PRNGKey(0))
+  q = jax.random.normal(kq, (M, K), jnp.float16)
+  k_t = jax.random.normal(kk, (K, N), jnp.float16)
+  out = scores_kernel(interpret=InterpretGPUParams())(q, k_t)
+  error = float(jnp.max(jnp.abs(out - q.astype(jnp.float32) @ k_t.astype(jnp.float32))))
+  print(f"interpret mode: largest error against q @ k_t: {error}")
+  return 0 if error <= 1e-3 else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())
