@@ -4,8 +4,8 @@ The decode kernel's next form (`results/decode_attention_notes.md`, item 4) need
 accumulators of its own choosing: Pallas' Mosaic GPU backend, whose `plgpu.mma` issues Ampere's
 `mma.sync.m16n8k16` with `MMALayouts` operands. JAX 0.10 (the newest for Python 3.11, this project's CI)
 has no `plgpu.mma` and writes Mosaic GPU kernels with `pallas_call`; 0.11 (on the lent H200) writes them
-with `plgpu.kernel`. This probe runs one q [16, 128] x K^T [128, 32] product, the shape of a decode
-step's scores with the four warps of a warpgroup each on 8 tokens (`m_warps=1`), two ways on a CPU:
+with `plgpu.kernel`. This probe checks three things on a CPU. A q [16, 128] x K^T [128, 32] product,
+the shape of a decode step's scores with the four warps of a warpgroup each on 8 tokens (`m_warps=1`):
 
 1. lowered for CUDA (`lowering_platforms=("cuda",)`): layout and transfer errors surface here (an
    untiled shared-memory operand, for one, fails with "Failed to synthesize a transfer pattern that
@@ -16,8 +16,15 @@ step's scores with the four warps of a warpgroup each on 8 tokens (`m_warps=1`),
     python3.12 -m venv /tmp/venv12 && /tmp/venv12/bin/pip install jax==0.11.2 jaxlib==0.11.2
     /tmp/venv12/bin/python benchmarks/mosaic_mma_probe.py
 
-Prints the lowered module's size and the interpreted product's largest error; exits 1 above 1e-3 (a lost or
-misplaced fragment is off by whole products).
+3. the crux of an INT2 decode step in the other orientation (S^T = K q^T: 64 tokens as wgmma's M, q^T as
+   a 16-wide B in shared memory): one part of the codes unpacked in registers and fed to `plgpu.wgmma`
+   as its A operand, lowered for CUDA. Mosaic GPU refuses arithmetic on 8-bit values except bitwise
+   operations ("Upcast to a 16- or 32-bit type"), so the part is masked in place, not shifted:
+   `(codes & 3 << 2p).astype(f16)` is 4^p c, and q's part carries 4^-p (exact). The interpret mode of
+   JAX 0.11.2 cannot run this one: its wgmma callback takes A only from shared memory.
+
+Prints the lowered modules' sizes and the interpreted product's largest error; exits 1 above 1e-3 (a lost
+or misplaced fragment is off by whole products).
 """
 from __future__ import annotations
 
@@ -68,6 +75,36 @@ def scores_kernel(interpret=None):
       interpret=interpret)
 
 
+def int2_scores_kernel(part: int, tokens: int = 64, width: int = 32, rows: int = 16):
+  """codes [tokens, width] uint8 (4 parts of 2 bits) . q_t [width, rows] f16 -> [tokens, rows] f32 for one
+  part: the part's codes, masked in place and converted in registers, are wgmma's A operand."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  def body(codes_gmem, q_gmem, out_gmem, codes_smem, q_smem, barrier):
+    plgpu.copy_gmem_to_smem(codes_gmem, codes_smem, barrier.at[0])
+    plgpu.copy_gmem_to_smem(q_gmem, q_smem, barrier.at[0])
+    plgpu.barrier_wait(barrier.at[0])
+
+    def scoped(acc_ref):
+      keys = (codes_smem[...] & jnp.uint8(3 << (2 * part))).astype(jnp.float16)  # 4**part * code, exact
+      plgpu.wgmma(acc_ref, keys, q_smem)
+      plgpu.wgmma_wait(0)
+      return acc_ref[...]
+
+    out_gmem[...] = pl.run_scoped(scoped, plgpu.ACC((tokens, rows), jnp.float32))
+
+  def swizzled(shape, dtype, row_bytes):
+    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, row_bytes // jnp.dtype(dtype).itemsize)),
+                                                plgpu.SwizzleTransform(row_bytes)))
+
+  return plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((tokens, rows), jnp.float32),
+      scratch_types=[swizzled((tokens, width), jnp.uint8, width), swizzled((width, rows), jnp.float16, 2 * rows),
+                     plgpu.Barrier(num_arrivals=2, num_barriers=1)],
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+
+
 def main() -> int:
   major, minor = (int(x) for x in jax.__version__.split(".")[:2])
   if (major, minor) < (0, 11):
@@ -86,6 +123,10 @@ def main() -> int:
   out = scores_kernel(interpret=InterpretGPUParams())(q, k_t)
   error = float(jnp.max(jnp.abs(out - q.astype(jnp.float32) @ k_t.astype(jnp.float32))))
   print(f"interpret mode: largest error against q @ k_t: {error}")
+  int2 = (jax.ShapeDtypeStruct((64, 32), jnp.uint8), jax.ShapeDtypeStruct((32, 16), jnp.float16))
+  for part in range(4):
+    text = jax.jit(int2_scores_kernel(part)).trace(*int2).lower(lowering_platforms=("cuda",)).as_text()
+    print(f"INT2 part {part} -> wgmma A in registers: lowered for CUDA, {len(text)} characters")
   return 0 if error <= 1e-3 else 1
 
 
