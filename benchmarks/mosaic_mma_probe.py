@@ -2,7 +2,7 @@
 
 The decode kernel's next form (`results/decode_attention_notes.md`, item 4) needs fragment layouts and
 accumulators of its own choosing: Pallas' Mosaic GPU backend, whose `plgpu.mma` issues Ampere's
-`mma.sync.m16n8k16` with `MMALayouts` operands. JAX 0.10 (the newest for Python 3.11, this project's CI)
+`mma.sync.m16n8k16` with `MMALayouts` operands, or its `plgpu.wgmma`. JAX 0.10 (the newest for Python 3.11, this project's CI)
 has no `plgpu.mma` and writes Mosaic GPU kernels with `pallas_call`; 0.11 (on the lent H200) writes them
 with `plgpu.kernel`. This probe checks three things on a CPU. A q [16, 128] x K^T [128, 32] product,
 the shape of a decode step's scores with the four warps of a warpgroup each on 8 tokens (`m_warps=1`):
@@ -13,15 +13,16 @@ the shape of a decode step's scores with the four warps of a warpgroup each on 8
 2. run in Mosaic GPU's interpret mode against `x @ y`. That mode has no rule for `mma` on a CPU, so
    `interpret_mma_on_cpu()` gives it one: acc + a @ b in float32, what the instruction computes.
 
-    python3.12 -m venv /tmp/venv12 && /tmp/venv12/bin/pip install jax==0.11.2 jaxlib==0.11.2
-    /tmp/venv12/bin/python benchmarks/mosaic_mma_probe.py
-
 3. the crux of an INT2 decode step in the other orientation (S^T = K q^T: 64 tokens as wgmma's M, q^T as
    a 16-wide B in shared memory): one part of the codes unpacked in registers and fed to `plgpu.wgmma`
    as its A operand, lowered for CUDA. Mosaic GPU refuses arithmetic on 8-bit values except bitwise
    operations ("Upcast to a 16- or 32-bit type"), so the part is masked in place, not shifted:
-   `(codes & 3 << 2p).astype(f16)` is 4^p c, and q's part carries 4^-p (exact). The interpret mode of
-   JAX 0.11.2 cannot run this one: its wgmma callback takes A only from shared memory.
+   `(codes & 3 << 2p).astype(f16)` is 4^p c, and q's part carries 4^-p (exact). JAX 0.11.2's interpret
+   mode reads wgmma's A from shared memory only; `interpret_wgmma_with_register_lhs()` extends it, and the
+   part is then also run in interpret mode against the codes' product.
+
+    python3.12 -m venv /tmp/venv12 && /tmp/venv12/bin/pip install jax==0.11.2 jaxlib==0.11.2
+    /tmp/venv12/bin/python benchmarks/mosaic_mma_probe.py
 
 Prints the lowered modules' sizes and the interpreted product's largest error; exits 1 above 1e-3 (a lost
 or misplaced fragment is off by whole products).
@@ -45,6 +46,47 @@ def interpret_mma_on_cpu() -> None:
     return acc + jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
 
   mlir.register_lowering(primitives.mma_p, mlir.lower_fun(mma, multiple_results=False), platform="cpu")
+
+
+def interpret_wgmma_with_register_lhs() -> None:
+  """Lets Mosaic GPU's interpret mode (JAX 0.11.2) run `plgpu.wgmma` with its A operand in registers.
+
+  Its wgmma callback reads A from shared memory only. This wraps the interpreter's rule: where A is a
+  value, one callback adds a @ b to the accumulator, reading b and the accumulator as the original does.
+  Private APIs of one JAX version: this is a probe's helper, checked by the probe itself.
+  """
+  import numpy as np
+  from jax._src import callback
+  from jax._src import state
+  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks, jaxpr_interpret
+
+  original = jaxpr_interpret.JaxprInterpreter._interpret_wgmma_ref_p
+
+  def with_value(*, token, mesh_location, thread, acc_key, acc_transforms, a, b_key, b_transforms):
+    memory = gpu_callbacks._get_shared_memory()
+    key = gpu_callbacks.HostAllocationKey.from_array
+    acc_key, b_key = key(acc_key), key(b_key)
+    clean = lambda t: jax.tree.map(int, gpu_callbacks._remove_noop_transforms(t))
+    acc_range = memory.access(acc_key, clean(acc_transforms))
+    b, _, _ = memory.get_buffer_content(b_key, memory.access(b_key, clean(b_transforms)), thread)
+    acc, _, _ = memory.get_buffer_content(acc_key, acc_range, thread)
+    memory.store_buffer_content(acc_key, acc_range, acc + np.matmul(np.asarray(a), b, dtype=acc.dtype), thread)
+    return token
+
+  def rule(self, eqn, token, get_invals):
+    if isinstance(eqn.invars[1].aval, state.AbstractRef):
+      return original(self, eqn, token, get_invals)
+    acc, a, b, *leaves = get_invals()
+    empty = jax.tree.structure([])
+    acc_transforms, _, b_transforms = jax.tree.unflatten(jax.tree_util.treedef_tuple((
+        eqn.params["acc_transforms_tree"] or empty, eqn.params["a_transforms_tree"] or empty,
+        eqn.params["b_transforms_tree"] or empty)), leaves)
+    return callback.io_callback(
+        with_value, gpu_callbacks.TOKEN_SHAPE_DTYPE, token=token,
+        mesh_location=self.mesh_location, thread=self.thread, acc_key=acc, acc_transforms=acc_transforms,
+        a=a, b_key=b, b_transforms=b_transforms), []
+
+  jaxpr_interpret.JaxprInterpreter._interpret_wgmma_ref_p = rule
 
 
 def scores_kernel(interpret=None):
@@ -75,7 +117,7 @@ def scores_kernel(interpret=None):
       interpret=interpret)
 
 
-def int2_scores_kernel(part: int, tokens: int = 64, width: int = 32, rows: int = 16):
+def int2_scores_kernel(part: int, tokens: int = 64, width: int = 32, rows: int = 16, interpret=None):
   """codes [tokens, width] uint8 (4 parts of 2 bits) . q_t [width, rows] f16 -> [tokens, rows] f32 for one
   part: the part's codes, masked in place and converted in registers, are wgmma's A operand."""
   from jax.experimental import pallas as pl
@@ -94,15 +136,16 @@ def int2_scores_kernel(part: int, tokens: int = 64, width: int = 32, rows: int =
 
     out_gmem[...] = pl.run_scoped(scoped, plgpu.ACC((tokens, rows), jnp.float32))
 
-  def swizzled(shape, dtype, row_bytes):
-    return plgpu.SMEM(shape, dtype, transforms=(plgpu.TilingTransform((8, row_bytes // jnp.dtype(dtype).itemsize)),
-                                                plgpu.SwizzleTransform(row_bytes)))
+  def swizzled(shape, dtype, row_bytes):  # the interpret mode takes plain buffers
+    return plgpu.SMEM(shape, dtype, transforms=() if interpret else (
+        plgpu.TilingTransform((8, row_bytes // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(row_bytes)))
 
   return plgpu.kernel(
       body, out_type=jax.ShapeDtypeStruct((tokens, rows), jnp.float32),
       scratch_types=[swizzled((tokens, width), jnp.uint8, width), swizzled((width, rows), jnp.float16, 2 * rows),
                      plgpu.Barrier(num_arrivals=2, num_barriers=1)],
-      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup))
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Warpgroup),
+      interpret=interpret)
 
 
 def main() -> int:
@@ -127,6 +170,15 @@ def main() -> int:
   for part in range(4):
     text = jax.jit(int2_scores_kernel(part)).trace(*int2).lower(lowering_platforms=("cuda",)).as_text()
     print(f"INT2 part {part} -> wgmma A in registers: lowered for CUDA, {len(text)} characters")
+  interpret_wgmma_with_register_lhs()
+  codes = jax.random.randint(jax.random.PRNGKey(1), (64, 32), 0, 256).astype(jnp.uint8)
+  q_t = jax.random.normal(jax.random.PRNGKey(2), (32, 16), jnp.float16)
+  for part in range(4):
+    out = int2_scores_kernel(part, interpret=InterpretGPUParams())(codes, q_t)
+    want = (codes & (3 << 2 * part)).astype(jnp.float32) @ q_t.astype(jnp.float32)
+    part_error = float(jnp.max(jnp.abs(out - want)))
+    print(f"INT2 part {part}, interpret mode: largest error {part_error}")
+    error = max(error, part_error)
   return 0 if error <= 1e-3 else 1
 
 
