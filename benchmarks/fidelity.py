@@ -170,7 +170,8 @@ def main():
       from benchmarks import full_size
       from wq_jax import video as video_io
       model = full_size.model(args.preset, Path(tmp) / "model")
-      sources = [(args.preset, model, video_io.synthetic_frames(frames, *[full_size.frame_side(model)] * 2, seed=0))]
+      side = full_size.frame_side(model)
+      sources = [(args.preset, model, video_io.synthetic_frames(frames, side, side, seed=0))]
     for label, model, video in sources:
       print(label, flush=True)
       prompt = TINY_PROMPT if args.tiny else FULL_PROMPT

@@ -74,7 +74,7 @@ def qwen2_vl(name: str, folder: Path, dtype=jnp.bfloat16, seed: int = 0, hf: dic
   text = hf.get("text_config") or hf
   found = {key: hf.get(key, text.get(key)) for key in ids}
   stand_in_tokenizer(folder, text["vocab_size"], {
-      "<|endoftext|>": found["bos_token_id"], "<|im_start|>": found["bos_token_id"] + 1,
+      "<|endoftext|>": found["bos_token_id"], "<|im_start|>": found["bos_token_id"] + 1,  # Qwen's vocabulary
       "<|im_end|>": found["eos_token_id"], "<|vision_start|>": found["vision_start_token_id"],
       "<|vision_end|>": found["vision_end_token_id"], "<|vision_pad|>": found["vision_token_id"],
       "<|image_pad|>": found["image_token_id"], "<|video_pad|>": found["video_token_id"]},

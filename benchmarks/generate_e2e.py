@@ -36,7 +36,8 @@ def main():
 
   with tempfile.TemporaryDirectory() as tmp:
     model = full_size.model(args.preset, Path(tmp) / "model")
-    frames = video_io.synthetic_frames(args.frames, *[full_size.frame_side(model)] * 2, seed=0)
+    side = full_size.frame_side(model)
+    frames = video_io.synthetic_frames(args.frames, side, side, seed=0)
     videos = [frames] * args.batch if args.batch > 1 else frames
     prompts = [PROMPT] * args.batch if args.batch > 1 else PROMPT
     rows = []

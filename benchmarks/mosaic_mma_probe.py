@@ -2,9 +2,9 @@
 
 The decode kernel's next form (`results/decode_attention_notes.md`, item 4) needs fragment layouts and
 accumulators of its own choosing: Pallas' Mosaic GPU backend, whose `plgpu.mma` issues Ampere's
-`mma.sync.m16n8k16` with `MMALayouts` operands, or its `plgpu.wgmma`. JAX 0.10 (the newest for Python 3.11, this project's CI)
-has no `plgpu.mma` and writes Mosaic GPU kernels with `pallas_call`; 0.11 (on the lent H200) writes them
-with `plgpu.kernel`. This probe checks three things on a CPU. A q [16, 128] x K^T [128, 32] product,
+`mma.sync.m16n8k16` with `MMALayouts` operands, or its `plgpu.wgmma`. JAX 0.10 (the newest for
+Python 3.11, this project's CI) has no `plgpu.mma` and writes Mosaic GPU kernels with `pallas_call`;
+0.11 (on the lent H200) writes them with `plgpu.kernel`. This probe checks three things on a CPU. A q [16, 128] x K^T [128, 32] product,
 the shape of a decode step's scores with the four warps of a warpgroup each on 8 tokens (`m_warps=1`):
 
 1. lowered for CUDA (`lowering_platforms=("cuda",)`): layout and transfer errors surface here (an
@@ -23,6 +23,9 @@ the shape of a decode step's scores with the four warps of a warpgroup each on 8
 
     python3.12 -m venv /tmp/venv12 && /tmp/venv12/bin/pip install jax==0.11.2 jaxlib==0.11.2
     /tmp/venv12/bin/python benchmarks/mosaic_mma_probe.py
+
+It also reports why warp-level MMA cannot take the codes directly: uint8 codes loaded in the f16
+`MMA_RHS` layout (two codes a register) do not lower under the shared-memory transforms tried.
 
 Prints the lowered modules' sizes and the interpreted product's largest error; exits 1 above 1e-3 (a lost
 or misplaced fragment is off by whole products).
@@ -148,6 +151,34 @@ def int2_scores_kernel(part: int, tokens: int = 64, width: int = 32, rows: int =
       interpret=interpret)
 
 
+def codes_in_f16_mma_layout(transforms) -> str:
+  """Whether uint8 codes [32, 32] load straight into the f16 `MMA_RHS` layout (two codes a register) and
+  lower for CUDA under these shared-memory transforms: "lowers", or XLA's reason."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  rhs = plgpu.Layout.MMA_RHS(jnp.float16, m_warps=1)
+
+  def body(codes_gmem, out_gmem, codes_smem, out_smem, barrier):
+    plgpu.copy_gmem_to_smem(codes_gmem, codes_smem, barrier.at[0])
+    plgpu.barrier_wait(barrier.at[0])
+    keys = (plgpu.load(codes_smem.at[()], layout=rhs) & jnp.uint8(3)).astype(jnp.float16)
+    out_smem[...] = plgpu.layout_cast(keys, rhs).astype(jnp.float32)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(out_smem, out_gmem)
+    plgpu.wait_smem_to_gmem(0)
+
+  kernel = plgpu.kernel(
+      body, out_type=jax.ShapeDtypeStruct((32, 32), jnp.float32),
+      scratch_types=[plgpu.SMEM((32, 32), jnp.uint8, transforms=transforms), plgpu.SMEM((32, 32), jnp.float32),
+                     plgpu.Barrier(num_arrivals=1, num_barriers=1)],
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane))
+  try:
+    jax.jit(kernel).trace(jax.ShapeDtypeStruct((32, 32), jnp.uint8)).lower(lowering_platforms=("cuda",))
+    return "lowers"
+  except Exception as e:  # the reason is the finding
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:100]}"
+
+
 def main() -> int:
   major, minor = (int(x) for x in jax.__version__.split(".")[:2])
   if (major, minor) < (0, 11):
@@ -170,6 +201,10 @@ def main() -> int:
   for part in range(4):
     text = jax.jit(int2_scores_kernel(part)).trace(*int2).lower(lowering_platforms=("cuda",)).as_text()
     print(f"INT2 part {part} -> wgmma A in registers: lowered for CUDA, {len(text)} characters")
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  for name, transforms in [("none", ()), ("tiled 8x32", (plgpu.TilingTransform((8, 32)),)),
+                           ("tiled 8x32, swizzled 32", (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(32)))]:
+    print(f"uint8 codes in the f16 MMA_RHS layout, {name}: {codes_in_f16_mma_layout(transforms)}")
   interpret_wgmma_with_register_lhs()
   codes = jax.random.randint(jax.random.PRNGKey(1), (64, 32), 0, 256).astype(jnp.uint8)
   q_t = jax.random.normal(jax.random.PRNGKey(2), (32, 16), jnp.float16)
