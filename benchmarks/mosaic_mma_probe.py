@@ -4,8 +4,9 @@ The decode kernel's next form (`results/decode_attention_notes.md`, item 4) need
 accumulators of its own choosing: Pallas' Mosaic GPU backend, whose `plgpu.mma` issues Ampere's
 `mma.sync.m16n8k16` with `MMALayouts` operands, or its `plgpu.wgmma`. JAX 0.10 (the newest for
 Python 3.11, this project's CI) has no `plgpu.mma` and writes Mosaic GPU kernels with `pallas_call`;
-0.11 (on the lent H200) writes them with `plgpu.kernel`. This probe checks three things on a CPU. A q [16, 128] x K^T [128, 32] product,
-the shape of a decode step's scores with the four warps of a warpgroup each on 8 tokens (`m_warps=1`):
+0.11 (on the lent H200) writes them with `plgpu.kernel`. This probe checks three things on a CPU. A
+q [16, 128] x K^T [128, 32] product, the shape of a decode step's scores with the four warps of a
+warpgroup each on 8 tokens (`m_warps=1`), is:
 
 1. lowered for CUDA (`lowering_platforms=("cuda",)`): layout and transfer errors surface here (an
    untiled shared-memory operand, for one, fails with "Failed to synthesize a transfer pattern that
