@@ -1,0 +1,170 @@
+"""The Mosaic GPU INT2 kernel (`pallas_kernels/mosaic_int2.py`) against the Triton kernel, one run (JAX >= 0.11).
+
+For each batch (Qwen2-7B attention: 4 KV heads, 7 query heads each, head dim 128) and 32k tokens:
+  - `mosaic`: the Mosaic kernel and the merge of its partials, over one INT2 pool of exactly `tokens`;
+  - `triton`: the registered `"pallas"` path on the `int2` plan of `decode_attention.py` (the same pool
+    less two windows, plus 80 bf16 rest tokens), the way the model calls it;
+  - a device-to-device copy of the Mosaic inputs' bytes (`jnp.copy`; the H200's torch copy reaches 4.28).
+Times are medians of wall-clock dispatches of many calls, and the GPU time a call from a profile (the
+kernels' summed durations). First, the kernel is checked against dequantize-then-attend in float64 on
+fresh random data (a small case, and four pairs of each full-size case); a mismatch exits 1.
+
+    PYTHONPATH=. python benchmarks/mosaic_int2_bench.py --batches 8 60 --splits 4 8 16
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from benchmarks import decode_attention as da
+from benchmarks.harness import provenance
+from pallas_kernels import mosaic_int2 as mi
+
+GROUP = da.HEADS // da.KV_HEADS
+INTERPRET = None  # on a CPU (a dry run of the script): Mosaic GPU's interpret mode
+
+
+VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
+    "plain": dict(fast_unpack=False),  # Mosaic's own conversions (what the interpret mode runs)
+    "fast": dict(),  # the default: byte permutes and bit masks in registers (inline PTX)
+    "fast_s3": dict(stages=3),
+    "fast_s4": dict(stages=4),
+}
+
+
+def attend(q, *pool, splits, variant="fast"):
+  return mi.attend(q, *pool, splits=splits, interpret=INTERPRET, options=tuple(VARIANTS[variant].items()))
+
+
+def int2_pool(key, pairs: int, tokens: int):
+  """Random INT2 keys and values [pairs, tokens, 32] with per-window f16 scales and minimums."""
+  keys = jax.random.split(key, 6)
+  codes = lambda k: jax.random.bits(k, (pairs, tokens, mi.HEAD_DIM // 4), jnp.uint8)
+  meta = (pairs, tokens // mi.WINDOW, mi.HEAD_DIM)
+  scale = lambda k: jax.random.uniform(k, meta, jnp.float32, 0.02, 0.1).astype(jnp.float16)
+  minimum = lambda k: (-jax.random.uniform(k, meta, jnp.float32, 0.0, 0.3)).astype(jnp.float16)
+  return (codes(keys[0]), scale(keys[1]), minimum(keys[2]), codes(keys[3]), scale(keys[4]), minimum(keys[5]))
+
+
+def scaled_queries(key, pairs: int):
+  q = jax.random.normal(key, (pairs, GROUP, mi.HEAD_DIM), jnp.float32)
+  return q * (mi.HEAD_DIM ** -0.5 * np.log2(np.e))  # base-2 scores, as the registered path scales them
+
+
+def check(pairs, tokens, splits, key, subset=None, variant="fast") -> float:
+  """Largest |error| of the kernel's attention against float64 dequantize-then-attend (on `subset` pairs)."""
+  pool = int2_pool(key, pairs, tokens)
+  q = scaled_queries(jax.random.fold_in(key, 1), pairs)
+  out = np.asarray(attend(q, *pool, splits=splits, variant=variant))
+  take = slice(None) if subset is None else slice(0, subset)
+  want = mi.reference(np.asarray(q)[take], *(np.asarray(x)[take] for x in pool))
+  return float(np.abs(out[take] - want).max())
+
+
+def time_mosaic(batch, tokens, splits, key, variant):
+  pairs = batch * da.KV_HEADS
+  pool0 = int2_pool(key, pairs, tokens)
+  nbytes = sum(x.nbytes for x in pool0)
+  inner = da.inner_calls(nbytes)
+  pools = [pool0] + da.copies(lambda i: jax.tree.map(lambda x: x ^ jnp.uint8(i + 1) if x.dtype == jnp.uint8
+                                                     else x + 0, pool0), nbytes, inner)[1:]
+  qs = [scaled_queries(k, pairs) for k in jax.random.split(jax.random.fold_in(key, 3), inner)]
+  fn = lambda q, *pool: attend(q, *pool, splits=splits, variant=variant)
+  compiled, compile_s = da.compile_calls(fn, pools, qs)
+  t, _, finite, _ = da.bench(fn, pools, qs, compiled=compiled)
+  gpu = da.device_time(compiled, pools, qs)
+  return dict(bytes=nbytes, wall_s=t, compile_s=compile_s, finite=finite, inner=inner,
+              gpu_s=gpu and gpu["kernel_s"], gpu_top=gpu and gpu["top"])
+
+
+def time_triton(batch, tokens, key):
+  c0 = da.synthetic_cache(key, batch, tokens, "int2")
+  nbytes = c0.nbytes
+  inner = da.inner_calls(nbytes)
+  caches = [c0] + da.copies(lambda i: jax.tree.map(lambda x: x + 0 if x.dtype != jnp.uint8
+                                                   else x ^ jnp.uint8(i + 1), c0), nbytes, inner)[1:]
+  qs = da.queries(jax.random.fold_in(key, 1), batch, inner)
+  fn = da.pallas_fn(None)
+  compiled, compile_s = da.compile_calls(fn, [(c,) for c in caches], qs)
+  t, _, finite, _ = da.bench(fn, [(c,) for c in caches], qs, compiled=compiled)
+  gpu = da.device_time(compiled, [(c,) for c in caches], qs)
+  return dict(bytes=nbytes, wall_s=t, compile_s=compile_s, finite=finite, inner=inner,
+              gpu_s=gpu and gpu["kernel_s"], gpu_top=gpu and gpu["top"])
+
+
+def copy_bandwidth(nbytes: int) -> float:
+  x = jnp.zeros((nbytes // 4,), jnp.float32)
+  f = jax.jit(lambda x: [jnp.copy(x + 0) for _ in range(4)])
+  jax.block_until_ready(f(x))
+  times = []
+  for _ in range(7):
+    t0 = time.perf_counter()
+    jax.block_until_ready(f(x))
+    times.append(time.perf_counter() - t0)
+  return 2 * nbytes * 4 / float(np.median(times))  # read + write
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--batches", type=int, nargs="+", default=[8, 60])
+  ap.add_argument("--tokens", type=int, default=32768)
+  ap.add_argument("--splits", type=int, nargs="+", default=[4, 8, 16])
+  ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+  ap.add_argument("--budget-s", type=float, default=1e9)
+  ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+  ap.add_argument("--tag", default="mosaic_int2")
+  args = ap.parse_args(argv)
+  if not mi.available():
+    print(f"jax {jax.__version__}: the Mosaic INT2 kernel needs jax >= 0.11")
+    return 2
+  if jax.default_backend() == "cpu":
+    global INTERPRET
+    from benchmarks.mosaic_mma_probe import interpret_wgmma_with_register_lhs
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+    interpret_wgmma_with_register_lhs()
+    INTERPRET = plgpu.InterpretGPUParams()
+  start = time.time()
+  key = jax.random.PRNGKey(0)
+  report = dict(provenance=provenance(), rows=[], checks=[])
+  errors = []
+  for variant in args.variants:
+    errors.append((f"{variant}, small: 6 pairs x 1024 tokens, 2 splits", check(6, 1024, 2, key, variant=variant)))
+    errors.append((f"{variant}, batch {args.batches[0]} x {args.tokens}: 4 pairs",
+                   check(args.batches[0] * da.KV_HEADS, args.tokens, args.splits[0], key, subset=4,
+                         variant=variant)))
+    print(errors[-2:], flush=True)
+  report["checks"] = [dict(case=c, max_abs_error=e) for c, e in errors]
+  report["copy_TBps"] = copy_bandwidth(1 << 30) / 1e12
+  for batch in args.batches:
+    tri = time_triton(batch, args.tokens, key)
+    row = dict(batch=batch, tokens=args.tokens, triton=tri, triton_TBps=tri["bytes"] / (tri["gpu_s"] or tri["wall_s"]) / 1e12)
+    print(json.dumps(row, default=str), flush=True)
+    for variant in args.variants:
+      for splits in args.splits:
+        if time.time() - start > args.budget_s:
+          break
+        name = f"{variant}_j{splits}"
+        try:
+          mos = time_mosaic(batch, args.tokens, splits, key, variant)
+          row[name] = mos
+          row[f"{name}_TBps"] = mos["bytes"] / (mos["gpu_s"] or mos["wall_s"]) / 1e12
+        except Exception as e:  # a variant the device refuses: recorded, not fatal
+          row[f"{name}_error"] = repr(e)[:400]
+        print(json.dumps({k: v for k, v in row.items() if k.startswith(name)}, default=str), flush=True)
+    report["rows"].append(row)
+  args.out.mkdir(parents=True, exist_ok=True)
+  (args.out / f"{args.tag}.json").write_text(json.dumps(report, indent=1, default=str))
+  bad = [c for c, e in errors if not e < 5e-3]
+  print("checks:", "FAILED " + ", ".join(bad) if bad else "passed")
+  return 1 if bad else 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

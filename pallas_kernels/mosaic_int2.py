@@ -1,0 +1,309 @@
+"""INT2 decode attention for Hopper in Pallas' Mosaic GPU backend (JAX >= 0.11): wgmma, TMA, no Triton.
+
+One program serves one (request, KV head) pair and one split of an INT2 pool's tokens, for all the query
+heads of the GQA group, in the "transposed" orientation: tokens are wgmma's M, so no query row is padding.
+A step reads 64 tokens (two windows of 32), and
+
+    S^T [64, 16] = sum_p A_p @ Bq[32p:32p+32] + ones @ Bm              (keys: the factored form)
+
+where A_p is part p of the key codes, masked in place and converted in registers ((codes & 3 << 2p) is
+4^p c), Bq [128, 16] is q^T times the window's key scales and 4^-p, and Bm is q^T times the window's
+key minimums. Column c of S^T is query head c % 8 of window c // 8 of the step (8 heads: GQA groups up
+to 8): the two windows of a step have different scales, and N = 16 is wgmma's smallest width for f16 B
+anyway. Each column keeps its own running max and sum, so window parity is a split of the key axis that
+the combine merges with the others; entries of the other window are masked to -inf.
+
+Values are dequantized in registers (scale and minimum per window and channel), stored to shared memory
+[64 tokens, 128 channels] f16, and O^T [128, 16] += V^T P with V^T read transposed by wgmma and P [64, 16]
+from the softmax, through shared memory.
+
+Layouts: codes [N, T, H/4] uint8 packed "split" style (byte j holds channels j, j + 32, j + 64, j + 96 at
+bits 0, 2, 4, 6), scales and minimums [N, T/32, H] f16, N = batch * KV heads. Scores are base 2 (q carries
+log2 e and the softmax scale). H = 128, window 32.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+WINDOW, STEP, HEAD_DIM, COLUMNS = 32, 64, 128, 16
+_NEG = -1e30
+
+
+def available() -> bool:
+  """Mosaic GPU's `plgpu.kernel` and register-operand wgmma need JAX >= 0.11."""
+  major, minor = (int(x) for x in jax.__version__.split(".")[:2])
+  return (major, minor) >= (0, 11)
+
+
+def query_operands(q: jax.Array) -> jax.Array:
+  """q [N, G, H] (scaled, base 2) -> [N, 2, H, 16] f32: q^T twice (one block of 8 columns a window of the
+  step), times 4^-p for channel part p (operand 0, for the codes) and as is (operand 1, for minimums)."""
+  n, g, h = q.shape
+  if g > COLUMNS // 2 or h != HEAD_DIM:
+    raise ValueError(f"the Mosaic INT2 kernel serves up to 8 query heads of dim {HEAD_DIM}, got {g} of {h}")
+  qt = jnp.zeros((n, h, COLUMNS // 2), jnp.float32).at[:, :, :g].set(jnp.swapaxes(q, 1, 2).astype(jnp.float32))
+  qt = jnp.concatenate([qt, qt], axis=2)
+  part_scale = 4.0 ** -(jnp.arange(h) // (h // 4))
+  return jnp.stack([qt * part_scale[None, :, None], qt], axis=1)
+
+
+def _unpacked_parts(codes, scale_ref=None, minimum_ref=None):
+  """codes [64, 32] uint8 in the WGMMA layout (two codes of a row a register) -> 4 f16 [64, 32] in the WGMMA
+  layout: part p is 4^p times the codes (keys), or, given a [2, H] scale and minimum (values), the dequantized
+  values of channels 32p + column, with token t's window t // 32.
+
+  Per register (two bytes of a row): one byte permute puts each byte under the exponent of 1024 (0x64), then
+  per part one AND keeps the part's bits in place (1024 + 4^p c exactly, as f16) and one f16x2 subtract
+  removes the 1024; values take one f16x2 fma with the window's scale (times 4^-p) and minimum.
+  """
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm, vector
+  from jax._src.lib.mlir.dialects import math as mlir_math
+
+  wgmma = plgpu.Layout.WGMMA
+  values = scale_ref is not None
+  out = tuple(plgpu.ShapeDtypeStruct((STEP, WINDOW), jnp.float16, layout=wgmma) for _ in range(4))
+  arg_types = (wgmma, plgpu.RefType(), plgpu.RefType()) if values else (wgmma,)
+
+  @plgpu.inline_mgpu(arg_types=arg_types, return_type=out)
+  def unpack(ctx, codes, *refs):
+    del ctx
+    i16, i32 = ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32)
+    f16 = ir.F16Type.get()
+    half2 = ir.VectorType.get((2,), f16)
+    const = lambda v: arith.constant(i32, v)
+    magic = mgpu.utils.bitcast(const(0x64006400), half2)
+    parts = [np.empty_like(codes.registers) for _ in range(4)]
+    indices = codes.layout.thread_idxs(codes.shape)
+    for (idx, reg), (row, col) in zip(np.ndenumerate(codes.registers), indices):
+      pair = arith.extui(i32, mgpu.utils.bitcast(reg, i16))
+      spread = llvm.inline_asm(i32, [pair], "prmt.b32 $0, $1, 0x64646464, 0x4140;", "=r,r")
+      if values:
+        window = arith.divui(row, arith.constant(ir.IndexType.get(), WINDOW))
+      for part in range(4):
+        bits = arith.andi(spread, const(0xFF00FF00 | (0x10001 * (3 << 2 * part))))
+        x = arith.subf(mgpu.utils.bitcast(bits, half2), magic)  # 4^part * code, exact
+        if values:
+          channel = arith.addi(col, arith.constant(ir.IndexType.get(), WINDOW * part))
+          scale = vector.load(half2, refs[0], [window, channel])
+          minimum = vector.load(half2, refs[1], [window, channel])
+          scale = arith.mulf(scale, mgpu.utils.bitcast(const(0x10001 * _f16_bits(4.0 ** -part)), half2))
+          x = mlir_math.fma(x, scale, minimum)
+        parts[part][idx] = x
+    return tuple(mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None) for r in parts)
+
+  return unpack(codes, scale_ref, minimum_ref) if values else unpack(codes)
+
+
+def _scaled_queries(q_codes, q_minimums, scale_ref, minimum_ref):
+  """q^T operands [128, 16] f16 (WGMMA layout) times the step's key scales and minimums ([2, H] refs):
+  column c takes window c // 8's. A register holds two columns of one window (pairs never straddle the
+  8-column blocks), so one f16x2 multiply by the channel's value, loaded once and doubled."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, memref, vector
+
+  wgmma = plgpu.Layout.WGMMA
+  out = tuple(plgpu.ShapeDtypeStruct((HEAD_DIM, COLUMNS), jnp.float16, layout=wgmma) for _ in range(2))
+
+  @plgpu.inline_mgpu(arg_types=(wgmma, wgmma, plgpu.RefType(), plgpu.RefType()), return_type=out)
+  def scaled(ctx, q_codes, q_minimums, scale_ref, minimum_ref):
+    del ctx
+    half2 = ir.VectorType.get((2,), ir.F16Type.get())
+    index = ir.IndexType.get()
+    results = []
+    for q, ref in ((q_codes, scale_ref), (q_minimums, minimum_ref)):
+      registers = np.empty_like(q.registers)
+      for (idx, reg), (row, col) in zip(np.ndenumerate(q.registers), q.layout.thread_idxs(q.shape)):
+        window = arith.divui(col, arith.constant(index, COLUMNS // 2))
+        factor = vector.broadcast(half2, memref.load(ref, [window, row]))
+        registers[idx] = arith.mulf(reg, factor)
+      results.append(mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None))
+    return tuple(results)
+
+  return scaled(q_codes, q_minimums, scale_ref, minimum_ref)
+
+
+def _f16_bits(x: float) -> int:
+  return int(np.array(x, np.float16).view(np.uint16))
+
+
+def int2_decode(qt, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, interpret=None,
+                fast_unpack: bool = True, stages: int = 2):
+  """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
+
+  qt from `query_operands`. Column c of the results is head c % 8 over the windows of parity c // 8.
+  """
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  n, tokens, packed = k_codes.shape
+  if packed * 4 != HEAD_DIM or tokens % (STEP * splits):
+    raise ValueError(f"codes {k_codes.shape}: need [N, T, {HEAD_DIM // 4}] with T a multiple of {STEP} x splits")
+  steps = tokens // STEP // splits
+  layout = plgpu.Layout
+  fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
+
+  def smem(shape, dtype, row_bytes=None):
+    if interpret is not None or row_bytes is None:  # the interpret mode takes plain buffers
+      return plgpu.SMEM(shape, dtype)
+    return plgpu.SMEM(shape, dtype, transforms=(
+        plgpu.TilingTransform((8, row_bytes // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(row_bytes)))
+
+  def block(shape, index, row_bytes=None, dtype=jnp.uint8):
+    transforms = () if interpret is not None or row_bytes is None else (
+        plgpu.TilingTransform((8, row_bytes // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(row_bytes))
+    return plgpu.BlockSpec(shape, index, transforms=transforms)
+
+  def kernel(qt_g, kc_g, ks_g, km_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, qt_s, bq_s, bm_s, v_s, p_s, o_s, ml_s, bar):
+    pair, split = lax.axis_index("pair"), lax.axis_index("split")
+    plgpu.copy_gmem_to_smem(qt_g.at[pair], qt_s, bar.at[0])
+    plgpu.barrier_wait(bar.at[0])
+    q_codes = plgpu.load(qt_s.at[0], (), layout=layout.WGMMA)
+    q_minimums = plgpu.load(qt_s.at[1], (), layout=layout.WGMMA)
+    q_codes16, q_minimums16 = q_codes.astype(jnp.float16), q_minimums.astype(jnp.float16)
+    col = plgpu.broadcasted_iota(jnp.int32, (HEAD_DIM, COLUMNS), 1, layout=layout.WGMMA)
+    row = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 0, layout=layout.WGMMA)
+    own_window = (row < WINDOW) == (plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 1, layout=layout.WGMMA) < 8)
+    token = plgpu.broadcasted_iota(jnp.int32, (STEP, WINDOW), 0, layout=layout.WGMMA)
+
+    def per_column(ref):  # [2, H] -> [H, 16]: column c takes window c // 8's row
+      rows = [lax.broadcast_in_dim(plgpu.load(ref.at[w], (), layout=layout.WGMMA.reduce(1)).astype(jnp.float32),
+                                   (HEAD_DIM, COLUMNS), [0]) for w in range(2)]
+      return jnp.where(col < 8, rows[0], rows[1])
+
+    def per_token(ref, part):  # [2, H] -> [64, 32]: token t takes window t // 32's channels of the part
+      rows = [lax.broadcast_in_dim(plgpu.load(ref.at[w, pl.ds(WINDOW * part, WINDOW)], (),
+                                              layout=layout.WGMMA.reduce(0)), (STEP, WINDOW), [1]) for w in range(2)]
+      return jnp.where(token < WINDOW, rows[0], rows[1])
+
+    def dequantize_values(vc_s, vs_s, vm_s):  # into v_s [64 tokens, 128 channels] f16
+      if fast:
+        parts = _unpacked_parts(plgpu.load(vc_s, (), layout=layout.WGMMA), vs_s, vm_s)
+        for part in range(4):
+          v_s[:, pl.ds(WINDOW * part, WINDOW)] = parts[part]
+        return
+      codes = plgpu.load(vc_s, (), layout=layout.WGMMA_UPCAST_2X)
+      for part in range(4):
+        values = plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
+        scale = per_token(vs_s, part) * jnp.float16(4.0 ** -part)
+        v_s[:, pl.ds(WINDOW * part, WINDOW)] = values * scale + per_token(vm_s, part)
+
+    def step(_, kc_s, ks_s, km_s, vc_s, vs_s, vm_s, carry):
+      acc, m_run, l_rows = carry
+      if fast:
+        bq_s[...], bm_s[...] = _scaled_queries(q_codes16, q_minimums16, ks_s, km_s)
+      else:
+        bq_s[...] = (q_codes * per_column(ks_s)).astype(jnp.float16)
+        bm_s[...] = (q_minimums * per_column(km_s)).astype(jnp.float16)
+      plgpu.commit_smem()
+
+      def scores(s_acc):
+        if fast:
+          keys = _unpacked_parts(plgpu.load(kc_s, (), layout=layout.WGMMA))
+        else:
+          codes = plgpu.load(kc_s, (), layout=layout.WGMMA_UPCAST_2X)
+          keys = [plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
+                  for part in range(4)]
+        for part in range(4):
+          plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(WINDOW * part, WINDOW)])
+        plgpu.wgmma(s_acc, plgpu.layout_cast(jnp.full((STEP, HEAD_DIM), 1.0, jnp.float16), layout.WGMMA), bm_s)
+        dequantize_values(vc_s, vs_s, vm_s)  # while the tensor cores work on the scores
+        plgpu.wgmma_wait(0)
+        return s_acc[...]
+
+      s = pl.run_scoped(scores, plgpu.ACC((STEP, COLUMNS), jnp.float32))
+      s = jnp.where(own_window, s, _NEG)
+      m_new = jnp.maximum(m_run, s.max(axis=0))
+      alpha = jnp.exp2(m_run - m_new)
+      p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
+      # Row sums are kept a thread's rows apart and reduced once at the end: no exchange between warps.
+      l_rows = l_rows * lax.broadcast_in_dim(alpha, s.shape, [1]) + p
+      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
+      p_s[...] = p.astype(jnp.float16)
+      plgpu.commit_smem()
+
+      def attend(o_acc):  # a fresh accumulator, added to the rescaled one (interpret mode cannot store to one)
+        plgpu.wgmma(o_acc, v_s.transpose((1, 0)), p_s)
+        plgpu.wgmma_wait(0)
+        return o_acc[...]
+      acc = acc + pl.run_scoped(attend, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
+      return acc, m_new, l_rows
+
+    init = (plgpu.layout_cast(jnp.zeros((HEAD_DIM, COLUMNS), jnp.float32), layout.WGMMA),
+            plgpu.layout_cast(jnp.full((COLUMNS,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
+            plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
+    first = split * steps
+    specs = [block((STEP, HEAD_DIM // 4), lambda s: (first + s, 0), 32),
+             block((2, HEAD_DIM), lambda s: (first + s, 0)), block((2, HEAD_DIM), lambda s: (first + s, 0)),
+             block((STEP, HEAD_DIM // 4), lambda s: (first + s, 0), 32),
+             block((2, HEAD_DIM), lambda s: (first + s, 0)), block((2, HEAD_DIM), lambda s: (first + s, 0))]
+    pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=specs, max_concurrent_steps=stages, init_carry=init)
+    acc, m_run, l_rows = pipeline(kc_g.at[pair], ks_g.at[pair], km_g.at[pair], vc_g.at[pair], vs_g.at[pair],
+                                 vm_g.at[pair])
+    o_s[...] = acc
+    ml_s[0] = m_run
+    ml_s[1] = l_rows.sum(axis=0)
+    plgpu.commit_smem()
+    plgpu.copy_smem_to_gmem(o_s, o_g.at[pair, split])
+    plgpu.copy_smem_to_gmem(ml_s.at[0], m_g.at[pair, split])
+    plgpu.copy_smem_to_gmem(ml_s.at[1], l_g.at[pair, split])
+    plgpu.wait_smem_to_gmem(0)
+
+  call = plgpu.kernel(
+      kernel,
+      out_type=(jax.ShapeDtypeStruct((n, splits, HEAD_DIM, COLUMNS), jnp.float32),
+                jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32),
+                jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32)),
+      grid=(n, splits), grid_names=("pair", "split"),
+      scratch_types=[smem((2, HEAD_DIM, COLUMNS), jnp.float32),
+                     smem((HEAD_DIM, COLUMNS), jnp.float16, 32), smem((HEAD_DIM, COLUMNS), jnp.float16, 32),
+                     smem((STEP, HEAD_DIM), jnp.float16, 32), smem((STEP, COLUMNS), jnp.float16, 32),
+                     smem((HEAD_DIM, COLUMNS), jnp.float32), smem((2, COLUMNS), jnp.float32),
+                     plgpu.Barrier(num_arrivals=1, num_barriers=1)],
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+      interpret=interpret)
+  return call(qt, k_codes, k_scale, k_min, v_codes, v_scale, v_min)
+
+
+def merge(o_t, m, l, groups: int) -> jax.Array:
+  """Partials of `int2_decode` -> attention output [N, G, H] (f32): splits and window parities merged."""
+  n, splits, h, _ = o_t.shape
+  o = jnp.swapaxes(o_t, 2, 3).reshape(n, splits * 2, COLUMNS // 2, h)
+  m = m.reshape(n, splits * 2, COLUMNS // 2)
+  l = l.reshape(n, splits * 2, COLUMNS // 2)
+  top = m.max(axis=1, keepdims=True)
+  w = jnp.exp2(m - top)
+  out = (o * w[..., None]).sum(axis=1) / (l * w).sum(axis=1)[..., None]
+  return out[:, :groups]
+
+
+def reference(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min) -> np.ndarray:
+  """Dequantize, then attend (numpy, float64): q [N, G, H] base-2 scores -> [N, G, H]."""
+  def values(codes, scale, minimum):
+    codes = np.asarray(codes)
+    unpacked = np.concatenate([(codes >> (2 * p)) & 3 for p in range(4)], axis=-1).astype(np.float64)
+    per_token = lambda x: np.repeat(np.asarray(x, np.float64), WINDOW, axis=1)
+    return unpacked * per_token(scale) + per_token(minimum)
+  k = values(k_codes, k_scale, k_min)
+  v = values(v_codes, v_scale, v_min)
+  s = np.einsum("ngh,nth->ngt", np.asarray(q, np.float64), k)
+  p = np.exp2(s - s.max(axis=-1, keepdims=True))
+  return np.einsum("ngt,nth->ngh", p / p.sum(axis=-1, keepdims=True), v)
+
+
+@functools.partial(jax.jit, static_argnames=("splits", "interpret", "options"))
+def attend(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, interpret=None, options=()):
+  """q [N, G, H] -> [N, G, H] f32 over one INT2 pool: the kernel, then the merge of its partials.
+  `options`: (name, value) pairs of `int2_decode`'s keywords."""
+  o_t, m, l = int2_decode(query_operands(q), k_codes, k_scale, k_min, v_codes, v_scale, v_min,
+                          splits=splits, interpret=interpret, **dict(options))
+  return merge(o_t, m, l, q.shape[1])
