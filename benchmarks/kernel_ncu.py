@@ -6,6 +6,7 @@ can. Three modes:
 
     # on the H200: each plan's call once, under ncu, then its report as CSV pages
     PYTHONPATH=. python benchmarks/kernel_ncu.py profile --plans mix int2 --out $OUT
+    # the Mosaic GPU INT2 kernel (JAX >= 0.11): --plans mosaic_int2 --kernel mosaic
     # the program ncu runs (one jitted call a plan)
     PYTHONPATH=. python benchmarks/kernel_ncu.py call --plan int2 --batch 8 --tokens 32768
 
@@ -39,6 +40,13 @@ def call(plan: str, batch: int, tokens: int, variant: str) -> None:
   from benchmarks import decode_attention as da
 
   key = jax.random.PRNGKey(0)
+  if plan == "mosaic_int2":  # the Mosaic GPU INT2 kernel (JAX >= 0.11) on one INT2 pool of `tokens`
+    from benchmarks import mosaic_int2_bench as mb
+    pairs = batch * da.KV_HEADS
+    out = mb.attend(mb.scaled_queries(jax.random.fold_in(key, 1), pairs), *mb.int2_pool(key, pairs, tokens),
+                    splits=8, variant="fast" if variant == "default" else variant)
+    print(plan, batch, tokens, variant, "finite:", bool(jax.numpy.isfinite(out).all()))
+    return
   c = da.synthetic_cache(key, batch, tokens, plan)
   q = da.queries(jax.random.fold_in(key, 1), batch, 1)[0]
   config = da.VARIANTS[variant] if variant != "default" else None

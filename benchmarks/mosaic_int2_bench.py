@@ -32,10 +32,11 @@ INTERPRET = None  # on a CPU (a dry run of the script): Mosaic GPU's interpret m
 
 
 VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
-    "plain": dict(fast_unpack=False),  # Mosaic's own conversions (what the interpret mode runs)
-    "fast": dict(),  # the default: byte permutes and bit masks in registers (inline PTX)
+    "plain": dict(fast_unpack=False, ptx_fma=False, auto_barriers=True),  # Mosaic's own conversions
+    "run3": dict(ptx_fma=False, auto_barriers=True),  # run 3's kernel
+    "ptx_fma": dict(auto_barriers=True),
+    "fast": dict(),  # the default: inline PTX for the unpacking and the values' fma, no automatic barriers
     "fast_s3": dict(stages=3),
-    "fast_s4": dict(stages=4),
 }
 
 
@@ -144,7 +145,8 @@ def main(argv=None) -> int:
   report["copy_TBps"] = copy_bandwidth(1 << 30) / 1e12
   for batch in args.batches:
     tri = time_triton(batch, args.tokens, key)
-    row = dict(batch=batch, tokens=args.tokens, triton=tri, triton_TBps=tri["bytes"] / (tri["gpu_s"] or tri["wall_s"]) / 1e12)
+    row = dict(batch=batch, tokens=args.tokens, triton=tri,
+               triton_TBps=tri["bytes"] / (tri["gpu_s"] or tri["wall_s"]) / 1e12)
     print(json.dumps(row, default=str), flush=True)
     for variant in args.variants:
       for splits in args.splits:

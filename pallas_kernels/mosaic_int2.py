@@ -4,11 +4,14 @@ One program serves one (request, KV head) pair and one split of an INT2 pool's t
 heads of the GQA group, in the "transposed" orientation: tokens are wgmma's M, so no query row is padding.
 A step reads 64 tokens (two windows of 32), and
 
-    S^T [64, 16] = sum_p A_p @ Bq[32p:32p+32] + ones @ Bm              (keys: the factored form)
+    S^T [64, 16] = sum_p A_p @ Bq[32p:32p+32] + bias                   (keys: the factored form)
 
 where A_p is part p of the key codes, masked in place and converted in registers ((codes & 3 << 2p) is
-4^p c), Bq [128, 16] is q^T times the window's key scales and 4^-p, and Bm is q^T times the window's
-key minimums. Column c of S^T is query head c % 8 of window c // 8 of the step (8 heads: GQA groups up
+4^p c), Bq [128, 16] is q^T times the window's key scales and 4^-p, and bias is q . (the window's key
+minimums): one number a window and head, computed before the kernel by XLA (`key_bias`, reading the
+minimums once, as the kernel would) and added to a step's scores.
+
+Column c of S^T is query head c % 8 of window c // 8 of the step (8 heads: GQA groups up
 to 8): the two windows of a step have different scales, and N = 16 is wgmma's smallest width for f16 B
 anyway. Each column keeps its own running max and sum, so window parity is a split of the key axis that
 the combine merges with the others; entries of the other window are masked to -inf.
@@ -41,18 +44,27 @@ def available() -> bool:
 
 
 def query_operands(q: jax.Array) -> jax.Array:
-  """q [N, G, H] (scaled, base 2) -> [N, 2, H, 16] f32: q^T twice (one block of 8 columns a window of the
-  step), times 4^-p for channel part p (operand 0, for the codes) and as is (operand 1, for minimums)."""
+  """q [N, G, H] (scaled, base 2) -> [N, H, 16] f16: q^T twice (one block of 8 columns a window of the
+  step), times 4^-p for channel part p."""
   n, g, h = q.shape
   if g > COLUMNS // 2 or h != HEAD_DIM:
     raise ValueError(f"the Mosaic INT2 kernel serves up to 8 query heads of dim {HEAD_DIM}, got {g} of {h}")
   qt = jnp.zeros((n, h, COLUMNS // 2), jnp.float32).at[:, :, :g].set(jnp.swapaxes(q, 1, 2).astype(jnp.float32))
   qt = jnp.concatenate([qt, qt], axis=2)
   part_scale = 4.0 ** -(jnp.arange(h) // (h // 4))
-  return jnp.stack([qt * part_scale[None, :, None], qt], axis=1)
+  return (qt * part_scale[None, :, None]).astype(jnp.float16)
 
 
-def _unpacked_parts(codes, scale_ref=None, minimum_ref=None):
+def key_bias(q: jax.Array, k_min: jax.Array) -> jax.Array:
+  """q [N, G, H] . key minimums [N, W, H] -> [N, W/2, 32] f32: a step's two windows' 8 columns each, then
+  16 zeros (a TMA copy moves a multiple of 128 bytes)."""
+  n, g, _ = q.shape
+  bias = jnp.einsum("ngh,nwh->nwg", q.astype(jnp.float32), k_min.astype(jnp.float32))
+  bias = jnp.pad(bias, ((0, 0), (0, 0), (0, COLUMNS // 2 - g))).reshape(n, -1, COLUMNS)
+  return jnp.pad(bias, ((0, 0), (0, 0), (0, COLUMNS)))
+
+
+def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True):
   """codes [64, 32] uint8 in the WGMMA layout (two codes of a row a register) -> 4 f16 [64, 32] in the WGMMA
   layout: part p is 4^p times the codes (keys), or, given a [2, H] scale and minimum (values), the dequantized
   values of channels 32p + column, with token t's window t // 32.
@@ -95,52 +107,56 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None):
           scale = vector.load(half2, refs[0], [window, channel])
           minimum = vector.load(half2, refs[1], [window, channel])
           scale = arith.mulf(scale, mgpu.utils.bitcast(const(0x10001 * _f16_bits(4.0 ** -part)), half2))
-          x = mlir_math.fma(x, scale, minimum)
+          if ptx_fma:  # LLVM widens a <2 x half> fma to two f32 ones with four conversions
+            x = llvm.inline_asm(half2, [x, scale, minimum], "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
+          else:
+            x = mlir_math.fma(x, scale, minimum)
         parts[part][idx] = x
     return tuple(mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None) for r in parts)
 
   return unpack(codes, scale_ref, minimum_ref) if values else unpack(codes)
 
 
-def _scaled_queries(q_codes, q_minimums, scale_ref, minimum_ref):
-  """q^T operands [128, 16] f16 (WGMMA layout) times the step's key scales and minimums ([2, H] refs):
-  column c takes window c // 8's. A register holds two columns of one window (pairs never straddle the
-  8-column blocks), so one f16x2 multiply by the channel's value, loaded once and doubled."""
+def _scaled_query(q, scale_ref):
+  """q^T [128, 16] f16 (WGMMA layout) times the step's key scales ([2, H] ref): column c takes window
+  c // 8's. A register holds two columns of one window (pairs never straddle the 8-column blocks), so one
+  f16x2 multiply by the channel's scale, loaded once and doubled."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, memref, vector
 
   wgmma = plgpu.Layout.WGMMA
-  out = tuple(plgpu.ShapeDtypeStruct((HEAD_DIM, COLUMNS), jnp.float16, layout=wgmma) for _ in range(2))
 
-  @plgpu.inline_mgpu(arg_types=(wgmma, wgmma, plgpu.RefType(), plgpu.RefType()), return_type=out)
-  def scaled(ctx, q_codes, q_minimums, scale_ref, minimum_ref):
+  @plgpu.inline_mgpu(arg_types=(wgmma, plgpu.RefType()),
+                     return_type=plgpu.ShapeDtypeStruct((HEAD_DIM, COLUMNS), jnp.float16, layout=wgmma))
+  def scaled(ctx, q, scale_ref):
     del ctx
     half2 = ir.VectorType.get((2,), ir.F16Type.get())
-    index = ir.IndexType.get()
-    results = []
-    for q, ref in ((q_codes, scale_ref), (q_minimums, minimum_ref)):
-      registers = np.empty_like(q.registers)
-      for (idx, reg), (row, col) in zip(np.ndenumerate(q.registers), q.layout.thread_idxs(q.shape)):
-        window = arith.divui(col, arith.constant(index, COLUMNS // 2))
-        factor = vector.broadcast(half2, memref.load(ref, [window, row]))
-        registers[idx] = arith.mulf(reg, factor)
-      results.append(mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None))
-    return tuple(results)
+    registers = np.empty_like(q.registers)
+    for (idx, reg), (row, col) in zip(np.ndenumerate(q.registers), q.layout.thread_idxs(q.shape)):
+      window = arith.divui(col, arith.constant(ir.IndexType.get(), COLUMNS // 2))
+      registers[idx] = arith.mulf(reg, vector.broadcast(half2, memref.load(scale_ref, [window, row])))
+    return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
-  return scaled(q_codes, q_minimums, scale_ref, minimum_ref)
+  return scaled(q, scale_ref)
 
 
 def _f16_bits(x: float) -> int:
   return int(np.array(x, np.float16).view(np.uint16))
 
 
-def int2_decode(qt, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, interpret=None,
-                fast_unpack: bool = True, stages: int = 2):
+def int2_decode(qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits: int, interpret=None,
+                fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
+                auto_barriers: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
-  qt from `query_operands`. Column c of the results is head c % 8 over the windows of parity c // 8.
+  qt from `query_operands`, k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
+  of parity c // 8. `fast_unpack`: codes to halves with inline PTX (else Mosaic's own conversions, which
+  the interpret mode runs); `stages`: the input pipeline's depth; `approx_math`: Mosaic's approximate exp2;
+  `ptx_fma`: the values' f16x2 fma as inline PTX; `auto_barriers`: Pallas' barrier before and after every
+  store to shared memory (without them, each buffer is written only after the wgmma that read it was
+  waited for, and read only after `commit_smem`, whose barrier orders the writes).
   """
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -152,24 +168,23 @@ def int2_decode(qt, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits:
   layout = plgpu.Layout
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
 
+  def swizzled(row_bytes, dtype):  # the interpret mode takes plain buffers
+    if interpret is not None:
+      return ()
+    return (plgpu.TilingTransform((8, row_bytes // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(row_bytes))
+
   def smem(shape, dtype, row_bytes=None):
-    if interpret is not None or row_bytes is None:  # the interpret mode takes plain buffers
-      return plgpu.SMEM(shape, dtype)
-    return plgpu.SMEM(shape, dtype, transforms=(
-        plgpu.TilingTransform((8, row_bytes // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(row_bytes)))
+    return plgpu.SMEM(shape, dtype, transforms=swizzled(row_bytes, dtype) if row_bytes else ())
 
-  def block(shape, index, row_bytes=None, dtype=jnp.uint8):
-    transforms = () if interpret is not None or row_bytes is None else (
-        plgpu.TilingTransform((8, row_bytes // jnp.dtype(dtype).itemsize)), plgpu.SwizzleTransform(row_bytes))
-    return plgpu.BlockSpec(shape, index, transforms=transforms)
-
-  def kernel(qt_g, kc_g, ks_g, km_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, qt_s, bq_s, bm_s, v_s, p_s, o_s, ml_s, bar):
+  def kernel(qt_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_s, p_s, bar):
     pair, split = lax.axis_index("pair"), lax.axis_index("split")
-    plgpu.copy_gmem_to_smem(qt_g.at[pair], qt_s, bar.at[0])
-    plgpu.barrier_wait(bar.at[0])
-    q_codes = plgpu.load(qt_s.at[0], (), layout=layout.WGMMA)
-    q_minimums = plgpu.load(qt_s.at[1], (), layout=layout.WGMMA)
-    q_codes16, q_minimums16 = q_codes.astype(jnp.float16), q_minimums.astype(jnp.float16)
+
+    def load_query(qt_s):  # scoped: its shared memory goes back to the pipeline's buffers
+      plgpu.copy_gmem_to_smem(qt_g.at[pair], qt_s, bar.at[0])
+      plgpu.barrier_wait(bar.at[0])
+      return plgpu.load(qt_s, (), layout=layout.WGMMA)
+    q = pl.run_scoped(load_query, smem((HEAD_DIM, COLUMNS), jnp.float16))
+
     col = plgpu.broadcasted_iota(jnp.int32, (HEAD_DIM, COLUMNS), 1, layout=layout.WGMMA)
     row = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 0, layout=layout.WGMMA)
     own_window = (row < WINDOW) == (plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 1, layout=layout.WGMMA) < 8)
@@ -185,9 +200,16 @@ def int2_decode(qt, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits:
                                               layout=layout.WGMMA.reduce(0)), (STEP, WINDOW), [1]) for w in range(2)]
       return jnp.where(token < WINDOW, rows[0], rows[1])
 
+    def unpacked_keys(kc_s):
+      if fast:
+        return _unpacked_parts(plgpu.load(kc_s, (), layout=layout.WGMMA))
+      codes = plgpu.load(kc_s, (), layout=layout.WGMMA_UPCAST_2X)
+      return [plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
+              for part in range(4)]
+
     def dequantize_values(vc_s, vs_s, vm_s):  # into v_s [64 tokens, 128 channels] f16
       if fast:
-        parts = _unpacked_parts(plgpu.load(vc_s, (), layout=layout.WGMMA), vs_s, vm_s)
+        parts = _unpacked_parts(plgpu.load(vc_s, (), layout=layout.WGMMA), vs_s, vm_s, ptx_fma=ptx_fma)
         for part in range(4):
           v_s[:, pl.ds(WINDOW * part, WINDOW)] = parts[part]
         return
@@ -197,31 +219,25 @@ def int2_decode(qt, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits:
         scale = per_token(vs_s, part) * jnp.float16(4.0 ** -part)
         v_s[:, pl.ds(WINDOW * part, WINDOW)] = values * scale + per_token(vm_s, part)
 
-    def step(_, kc_s, ks_s, km_s, vc_s, vs_s, vm_s, carry):
+    def step(_, kc_s, ks_s, kb_s, vc_s, vs_s, vm_s, carry):
       acc, m_run, l_rows = carry
       if fast:
-        bq_s[...], bm_s[...] = _scaled_queries(q_codes16, q_minimums16, ks_s, km_s)
+        bq_s[...] = _scaled_query(q, ks_s)
       else:
-        bq_s[...] = (q_codes * per_column(ks_s)).astype(jnp.float16)
-        bm_s[...] = (q_minimums * per_column(km_s)).astype(jnp.float16)
+        bq_s[...] = (q.astype(jnp.float32) * per_column(ks_s)).astype(jnp.float16)
       plgpu.commit_smem()
 
       def scores(s_acc):
-        if fast:
-          keys = _unpacked_parts(plgpu.load(kc_s, (), layout=layout.WGMMA))
-        else:
-          codes = plgpu.load(kc_s, (), layout=layout.WGMMA_UPCAST_2X)
-          keys = [plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
-                  for part in range(4)]
+        keys = unpacked_keys(kc_s)
         for part in range(4):
           plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(WINDOW * part, WINDOW)])
-        plgpu.wgmma(s_acc, plgpu.layout_cast(jnp.full((STEP, HEAD_DIM), 1.0, jnp.float16), layout.WGMMA), bm_s)
         dequantize_values(vc_s, vs_s, vm_s)  # while the tensor cores work on the scores
         plgpu.wgmma_wait(0)
         return s_acc[...]
 
       s = pl.run_scoped(scores, plgpu.ACC((STEP, COLUMNS), jnp.float32))
-      s = jnp.where(own_window, s, _NEG)
+      bias = plgpu.load(kb_s.at[0, pl.ds(0, COLUMNS)], (), layout=layout.WGMMA.reduce(0))
+      s = jnp.where(own_window, s + lax.broadcast_in_dim(bias, s.shape, [1]), _NEG)
       m_new = jnp.maximum(m_run, s.max(axis=0))
       alpha = jnp.exp2(m_run - m_new)
       p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
@@ -242,21 +258,24 @@ def int2_decode(qt, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits:
             plgpu.layout_cast(jnp.full((COLUMNS,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
             plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
     first = split * steps
-    specs = [block((STEP, HEAD_DIM // 4), lambda s: (first + s, 0), 32),
-             block((2, HEAD_DIM), lambda s: (first + s, 0)), block((2, HEAD_DIM), lambda s: (first + s, 0)),
-             block((STEP, HEAD_DIM // 4), lambda s: (first + s, 0), 32),
-             block((2, HEAD_DIM), lambda s: (first + s, 0)), block((2, HEAD_DIM), lambda s: (first + s, 0))]
-    pipeline = plgpu.emit_pipeline(step, grid=(steps,), in_specs=specs, max_concurrent_steps=stages, init_carry=init)
-    acc, m_run, l_rows = pipeline(kc_g.at[pair], ks_g.at[pair], km_g.at[pair], vc_g.at[pair], vs_g.at[pair],
-                                 vm_g.at[pair])
-    o_s[...] = acc
-    ml_s[0] = m_run
-    ml_s[1] = l_rows.sum(axis=0)
-    plgpu.commit_smem()
-    plgpu.copy_smem_to_gmem(o_s, o_g.at[pair, split])
-    plgpu.copy_smem_to_gmem(ml_s.at[0], m_g.at[pair, split])
-    plgpu.copy_smem_to_gmem(ml_s.at[1], l_g.at[pair, split])
-    plgpu.wait_smem_to_gmem(0)
+    codes = lambda: plgpu.BlockSpec((STEP, HEAD_DIM // 4), lambda s: (first + s, 0),
+                                    transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
+    windows = lambda width: plgpu.BlockSpec((2 if width == HEAD_DIM else 1, width), lambda s: (first + s, 0))
+    pipeline = plgpu.emit_pipeline(
+        step, grid=(steps,), max_concurrent_steps=stages, init_carry=init,
+        in_specs=[codes(), windows(HEAD_DIM), windows(2 * COLUMNS), codes(), windows(HEAD_DIM), windows(HEAD_DIM)])
+    acc, m_run, l_rows = pipeline(*(x.at[pair] for x in (kc_g, ks_g, kb_g, vc_g, vs_g, vm_g)))
+
+    def store(o_s, ml_s):
+      o_s[...] = acc
+      ml_s[0] = m_run
+      ml_s[1] = l_rows.sum(axis=0)
+      plgpu.commit_smem()
+      plgpu.copy_smem_to_gmem(o_s, o_g.at[pair, split])
+      plgpu.copy_smem_to_gmem(ml_s.at[0], m_g.at[pair, split])
+      plgpu.copy_smem_to_gmem(ml_s.at[1], l_g.at[pair, split])
+      plgpu.wait_smem_to_gmem(0)
+    pl.run_scoped(store, smem((HEAD_DIM, COLUMNS), jnp.float32), smem((2, COLUMNS), jnp.float32))
 
   call = plgpu.kernel(
       kernel,
@@ -264,14 +283,12 @@ def int2_decode(qt, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits:
                 jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32),
                 jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32)),
       grid=(n, splits), grid_names=("pair", "split"),
-      scratch_types=[smem((2, HEAD_DIM, COLUMNS), jnp.float32),
-                     smem((HEAD_DIM, COLUMNS), jnp.float16, 32), smem((HEAD_DIM, COLUMNS), jnp.float16, 32),
-                     smem((STEP, HEAD_DIM), jnp.float16, 32), smem((STEP, COLUMNS), jnp.float16, 32),
-                     smem((HEAD_DIM, COLUMNS), jnp.float32), smem((2, COLUMNS), jnp.float32),
-                     plgpu.Barrier(num_arrivals=1, num_barriers=1)],
-      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+      scratch_types=[smem((HEAD_DIM, COLUMNS), jnp.float16, 32), smem((STEP, HEAD_DIM), jnp.float16, 32),
+                     smem((STEP, COLUMNS), jnp.float16, 32), plgpu.Barrier(num_arrivals=1, num_barriers=1)],
+      compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane,
+                                           approx_math=approx_math, unsafe_no_auto_barriers=not auto_barriers),
       interpret=interpret)
-  return call(qt, k_codes, k_scale, k_min, v_codes, v_scale, v_min)
+  return call(qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min)
 
 
 def merge(o_t, m, l, groups: int) -> jax.Array:
@@ -304,6 +321,6 @@ def reference(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min) -> np.ndarray
 def attend(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, interpret=None, options=()):
   """q [N, G, H] -> [N, G, H] f32 over one INT2 pool: the kernel, then the merge of its partials.
   `options`: (name, value) pairs of `int2_decode`'s keywords."""
-  o_t, m, l = int2_decode(query_operands(q), k_codes, k_scale, k_min, v_codes, v_scale, v_min,
+  o_t, m, l = int2_decode(query_operands(q), k_codes, k_scale, key_bias(q, k_min), v_codes, v_scale, v_min,
                           splits=splits, interpret=interpret, **dict(options))
   return merge(o_t, m, l, q.shape[1])
