@@ -182,7 +182,7 @@ def int2_decode(qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits
     def load_query(qt_s):  # scoped: its shared memory goes back to the pipeline's buffers
       plgpu.copy_gmem_to_smem(qt_g.at[pair], qt_s, bar.at[0])
       plgpu.barrier_wait(bar.at[0])
-      return plgpu.load(qt_s, (), layout=layout.WGMMA)
+      return plgpu.load(qt_s, layout=layout.WGMMA)
     q = pl.run_scoped(load_query, smem((HEAD_DIM, COLUMNS), jnp.float16))
 
     col = plgpu.broadcasted_iota(jnp.int32, (HEAD_DIM, COLUMNS), 1, layout=layout.WGMMA)
@@ -191,29 +191,29 @@ def int2_decode(qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits
     token = plgpu.broadcasted_iota(jnp.int32, (STEP, WINDOW), 0, layout=layout.WGMMA)
 
     def per_column(ref):  # [2, H] -> [H, 16]: column c takes window c // 8's row
-      rows = [lax.broadcast_in_dim(plgpu.load(ref.at[w], (), layout=layout.WGMMA.reduce(1)).astype(jnp.float32),
+      rows = [lax.broadcast_in_dim(plgpu.load(ref.at[w], layout=layout.WGMMA.reduce(1)).astype(jnp.float32),
                                    (HEAD_DIM, COLUMNS), [0]) for w in range(2)]
       return jnp.where(col < 8, rows[0], rows[1])
 
     def per_token(ref, part):  # [2, H] -> [64, 32]: token t takes window t // 32's channels of the part
-      rows = [lax.broadcast_in_dim(plgpu.load(ref.at[w, pl.ds(WINDOW * part, WINDOW)], (),
+      rows = [lax.broadcast_in_dim(plgpu.load(ref.at[w, pl.ds(WINDOW * part, WINDOW)],
                                               layout=layout.WGMMA.reduce(0)), (STEP, WINDOW), [1]) for w in range(2)]
       return jnp.where(token < WINDOW, rows[0], rows[1])
 
     def unpacked_keys(kc_s):
       if fast:
-        return _unpacked_parts(plgpu.load(kc_s, (), layout=layout.WGMMA))
-      codes = plgpu.load(kc_s, (), layout=layout.WGMMA_UPCAST_2X)
+        return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA))
+      codes = plgpu.load(kc_s, layout=layout.WGMMA_UPCAST_2X)
       return [plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
               for part in range(4)]
 
     def dequantize_values(vc_s, vs_s, vm_s):  # into v_s [64 tokens, 128 channels] f16
       if fast:
-        parts = _unpacked_parts(plgpu.load(vc_s, (), layout=layout.WGMMA), vs_s, vm_s, ptx_fma=ptx_fma)
+        parts = _unpacked_parts(plgpu.load(vc_s, layout=layout.WGMMA), vs_s, vm_s, ptx_fma=ptx_fma)
         for part in range(4):
           v_s[:, pl.ds(WINDOW * part, WINDOW)] = parts[part]
         return
-      codes = plgpu.load(vc_s, (), layout=layout.WGMMA_UPCAST_2X)
+      codes = plgpu.load(vc_s, layout=layout.WGMMA_UPCAST_2X)
       for part in range(4):
         values = plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
         scale = per_token(vs_s, part) * jnp.float16(4.0 ** -part)
@@ -236,7 +236,7 @@ def int2_decode(qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits
         return s_acc[...]
 
       s = pl.run_scoped(scores, plgpu.ACC((STEP, COLUMNS), jnp.float32))
-      bias = plgpu.load(kb_s.at[0, pl.ds(0, COLUMNS)], (), layout=layout.WGMMA.reduce(0))
+      bias = plgpu.load(kb_s.at[0, pl.ds(0, COLUMNS)], layout=layout.WGMMA.reduce(0))
       s = jnp.where(own_window, s + lax.broadcast_in_dim(bias, s.shape, [1]), _NEG)
       m_new = jnp.maximum(m_run, s.max(axis=0))
       alpha = jnp.exp2(m_run - m_new)
