@@ -37,6 +37,9 @@ VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
     "ptx_fma": dict(auto_barriers=True),
     "fast": dict(),  # the default: inline PTX for the unpacking and the values' fma, no automatic barriers
     "fast_s3": dict(stages=3),
+    "magic": dict(magic_exponents=True),  # per-part magic exponents: no 4^-p anywhere (untimed, s20)
+    "values_first": dict(overlap_values=False),  # fewer live registers, no overlap (untimed, s20)
+    "magic_values_first": dict(magic_exponents=True, overlap_values=False),
 }
 
 
@@ -112,6 +115,29 @@ def copy_bandwidth(nbytes: int) -> float:
   return 2 * nbytes * 4 / float(np.median(times))  # read + write
 
 
+def markdown(report: dict) -> str:
+  """The report as a markdown table: every Mosaic row beside the Triton kernel's of the same batch."""
+  prov = report["provenance"]
+  lines = [f"# Mosaic GPU INT2 kernel against the Triton kernel (`{prov.get('command', '')}`)", "",
+           f"- date: {prov.get('date')}", f"- device: {prov.get('device')}, jax {prov.get('jax')}",
+           f"- copy (jnp, read + write): {report.get('copy_TBps', 0):.2f} TB/s",
+           "- checks (max |error| against float64 dequantize-then-attend): "
+           + "; ".join(f"{c['case']}: {c['max_abs_error']:.2g}" for c in report.get("checks", [])), "",
+           "| batch | kernel | GPU µs a call | TB/s | against Triton |", "| ---: | --- | ---: | ---: | ---: |"]
+  for row in report["rows"]:
+    triton = row["triton"]["gpu_s"] or row["triton"]["wall_s"]
+    lines.append(f"| {row['batch']} | triton (`pallas`, int2 plan) | {triton * 1e6:.1f} | "
+                 f"{row['triton_TBps']:.3f} | 1 |")
+    for name, value in row.items():
+      if isinstance(value, dict) and name != "triton":
+        t = value["gpu_s"] or value["wall_s"]
+        lines.append(f"| {row['batch']} | mosaic `{name}` | {t * 1e6:.1f} | {row[name + '_TBps']:.3f} | "
+                     f"{triton / t:.3f} |")
+      elif name.endswith("_error"):
+        lines.append(f"| {row['batch']} | mosaic `{name[:-6]}` | refused: {value[:80]} | | |")
+  return "\n".join(lines) + "\n"
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--batches", type=int, nargs="+", default=[8, 60])
@@ -121,7 +147,11 @@ def main(argv=None) -> int:
   ap.add_argument("--budget-s", type=float, default=1e9)
   ap.add_argument("--out", type=Path, default=Path("benchmarks/results"))
   ap.add_argument("--tag", default="mosaic_int2")
+  ap.add_argument("--markdown", type=Path, help="only write this JSON report's markdown table beside it")
   args = ap.parse_args(argv)
+  if args.markdown:
+    args.markdown.with_suffix(".md").write_text(markdown(json.loads(args.markdown.read_text())))
+    return 0
   if not mi.available():
     print(f"jax {jax.__version__}: the Mosaic INT2 kernel needs jax >= 0.11")
     return 2
@@ -163,6 +193,7 @@ def main(argv=None) -> int:
     report["rows"].append(row)
   args.out.mkdir(parents=True, exist_ok=True)
   (args.out / f"{args.tag}.json").write_text(json.dumps(report, indent=1, default=str))
+  (args.out / f"{args.tag}.md").write_text(markdown(report))
   bad = [c for c, e in errors if not e < 5e-3]
   print("checks:", "FAILED " + ", ".join(bad) if bad else "passed")
   return 1 if bad else 0

@@ -20,6 +20,11 @@ Values are dequantized in registers (scale and minimum per window and channel), 
 [64 tokens, 128 channels] f16, and O^T [128, 16] += V^T P with V^T read transposed by wgmma and P [64, 16]
 from the softmax, through shared memory.
 
+Status (H200, session 20, `benchmarks/mosaic_int2_bench.py`): batch 60 x 32k tokens of INT2 635 µs against
+the Triton kernel's 646, batch 8 105 against 101 (`results/decode_attention_notes.md`). Not registered
+yet: it serves one INT2 pool of tokens a multiple of 64 x splits, the same for every pair; the registered
+path's pools are ranges of a cache that hold data-dependent window counts.
+
 Layouts: codes [N, T, H/4] uint8 packed "split" style (byte j holds channels j, j + 32, j + 64, j + 96 at
 bits 0, 2, 4, 6), scales and minimums [N, T/32, H] f16, N = batch * KV heads. Scores are base 2 (q carries
 log2 e and the softmax scale). H = 128, window 32.
@@ -43,15 +48,15 @@ def available() -> bool:
   return (major, minor) >= (0, 11)
 
 
-def query_operands(q: jax.Array) -> jax.Array:
+def query_operands(q: jax.Array, part_scaled: bool = True) -> jax.Array:
   """q [N, G, H] (scaled, base 2) -> [N, H, 16] f16: q^T twice (one block of 8 columns a window of the
-  step), times 4^-p for channel part p."""
+  step), times 4^-p for channel part p where the key parts come as 4^p c (`part_scaled`)."""
   n, g, h = q.shape
   if g > COLUMNS // 2 or h != HEAD_DIM:
     raise ValueError(f"the Mosaic INT2 kernel serves up to 8 query heads of dim {HEAD_DIM}, got {g} of {h}")
   qt = jnp.zeros((n, h, COLUMNS // 2), jnp.float32).at[:, :, :g].set(jnp.swapaxes(q, 1, 2).astype(jnp.float32))
   qt = jnp.concatenate([qt, qt], axis=2)
-  part_scale = 4.0 ** -(jnp.arange(h) // (h // 4))
+  part_scale = 4.0 ** -(jnp.arange(h) // (h // 4)) if part_scaled else jnp.ones((h,))
   return (qt * part_scale[None, :, None]).astype(jnp.float16)
 
 
@@ -64,14 +69,18 @@ def key_bias(q: jax.Array, k_min: jax.Array) -> jax.Array:
   return jnp.pad(bias, ((0, 0), (0, 0), (0, COLUMNS)))
 
 
-def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True):
+def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic_exponents=False):
   """codes [64, 32] uint8 in the WGMMA layout (two codes of a row a register) -> 4 f16 [64, 32] in the WGMMA
-  layout: part p is 4^p times the codes (keys), or, given a [2, H] scale and minimum (values), the dequantized
-  values of channels 32p + column, with token t's window t // 32.
+  layout: part p is 4^p times the codes (keys; the codes themselves with `magic_exponents`), or, given a
+  [2, H] scale and minimum (values), the dequantized values of channels 32p + column, with token t's window
+  t // 32.
 
   Per register (two bytes of a row): one byte permute puts each byte under the exponent of 1024 (0x64), then
   per part one AND keeps the part's bits in place (1024 + 4^p c exactly, as f16) and one f16x2 subtract
   removes the 1024; values take one f16x2 fma with the window's scale (times 4^-p) and minimum.
+  With `magic_exponents` the permute leaves the high bytes zero and part p's bits go under the exponent of
+  2^(10 - 2p), whose mantissa bit 2p is worth 1 (one AND-OR, the Triton kernel's trick): the subtract then
+  leaves c itself, and neither q nor the values' scales carry 4^-p.
   """
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -91,22 +100,28 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True):
     f16 = ir.F16Type.get()
     half2 = ir.VectorType.get((2,), f16)
     const = lambda v: arith.constant(i32, v)
-    magic = mgpu.utils.bitcast(const(0x64006400), half2)
+    constants = [part_constants(p, magic_exponents) for p in range(4)]
+    magic = [mgpu.utils.bitcast(const(0x10001 * c[2]), half2) for c in constants]
     parts = [np.empty_like(codes.registers) for _ in range(4)]
     indices = codes.layout.thread_idxs(codes.shape)
     for (idx, reg), (row, col) in zip(np.ndenumerate(codes.registers), indices):
       pair = arith.extui(i32, mgpu.utils.bitcast(reg, i16))
-      spread = llvm.inline_asm(i32, [pair], "prmt.b32 $0, $1, 0x64646464, 0x4140;", "=r,r")
+      high = "0" if magic_exponents else "0x64646464"  # the high byte of each half: zero, or 1024's
+      spread = llvm.inline_asm(i32, [pair], f"prmt.b32 $0, $1, {high}, 0x4140;", "=r,r")
       if values:
         window = arith.divui(row, arith.constant(ir.IndexType.get(), WINDOW))
       for part in range(4):
-        bits = arith.andi(spread, const(0xFF00FF00 | (0x10001 * (3 << 2 * part))))
-        x = arith.subf(mgpu.utils.bitcast(bits, half2), magic)  # 4^part * code, exact
+        mask, exponent, _ = constants[part]
+        bits = arith.andi(spread, const(0x10001 * mask))
+        if exponent:
+          bits = arith.ori(bits, const(0x10001 * exponent))
+        x = arith.subf(mgpu.utils.bitcast(bits, half2), magic[part])
         if values:
           channel = arith.addi(col, arith.constant(ir.IndexType.get(), WINDOW * part))
           scale = vector.load(half2, refs[0], [window, channel])
           minimum = vector.load(half2, refs[1], [window, channel])
-          scale = arith.mulf(scale, mgpu.utils.bitcast(const(0x10001 * _f16_bits(4.0 ** -part)), half2))
+          if not magic_exponents:
+            scale = arith.mulf(scale, mgpu.utils.bitcast(const(0x10001 * _f16_bits(4.0 ** -part)), half2))
           if ptx_fma:  # LLVM widens a <2 x half> fma to two f32 ones with four conversions
             x = llvm.inline_asm(half2, [x, scale, minimum], "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
           else:
@@ -142,21 +157,33 @@ def _scaled_query(q, scale_ref):
   return scaled(q, scale_ref)
 
 
+def part_constants(part: int, magic_exponents: bool) -> tuple[int, int, int]:
+  """Per 16-bit half holding a code byte under `prmt`'s high byte (0x64, or 0 with `magic_exponents`):
+  the AND mask, the bits OR-ed in after it, and the f16 bits of the magic number then subtracted. The
+  result is 4^part * code, or the code itself with `magic_exponents` (part p's bits under 2^(10 - 2p)'s
+  exponent, whose mantissa bit 2p is worth 1)."""
+  if magic_exponents:
+    return 3 << 2 * part, (25 - 2 * part) << 10, (25 - 2 * part) << 10
+  return 0xFF00 | 3 << 2 * part, 0, 0x6400
+
+
 def _f16_bits(x: float) -> int:
   return int(np.array(x, np.float16).view(np.uint16))
 
 
-def int2_decode(qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits: int, interpret=None,
+def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits: int, interpret=None,
                 fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
-                auto_barriers: bool = False):
+                auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
-  qt from `query_operands`, k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
+  q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
   of parity c // 8. `fast_unpack`: codes to halves with inline PTX (else Mosaic's own conversions, which
   the interpret mode runs); `stages`: the input pipeline's depth; `approx_math`: Mosaic's approximate exp2;
   `ptx_fma`: the values' f16x2 fma as inline PTX; `auto_barriers`: Pallas' barrier before and after every
   store to shared memory (without them, each buffer is written only after the wgmma that read it was
-  waited for, and read only after `commit_smem`, whose barrier orders the writes).
+  waited for, and read only after `commit_smem`, whose barrier orders the writes); `magic_exponents`: see
+  `_unpacked_parts` (untimed); `overlap_values`: dequantize the values while the score wgmma runs (else
+  before it: the key parts, which wgmma reads from registers, then live for less time; untimed).
   """
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -167,6 +194,8 @@ def int2_decode(qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits
   steps = tokens // STEP // splits
   layout = plgpu.Layout
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
+  magic = fast and magic_exponents
+  qt = query_operands(q, part_scaled=not magic)
 
   def swizzled(row_bytes, dtype):  # the interpret mode takes plain buffers
     if interpret is not None:
@@ -202,14 +231,15 @@ def int2_decode(qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits
 
     def unpacked_keys(kc_s):
       if fast:
-        return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA))
+        return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), magic_exponents=magic)
       codes = plgpu.load(kc_s, layout=layout.WGMMA_UPCAST_2X)
       return [plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
               for part in range(4)]
 
     def dequantize_values(vc_s, vs_s, vm_s):  # into v_s [64 tokens, 128 channels] f16
       if fast:
-        parts = _unpacked_parts(plgpu.load(vc_s, layout=layout.WGMMA), vs_s, vm_s, ptx_fma=ptx_fma)
+        parts = _unpacked_parts(plgpu.load(vc_s, layout=layout.WGMMA), vs_s, vm_s, ptx_fma=ptx_fma,
+                                magic_exponents=magic)
         for part in range(4):
           v_s[:, pl.ds(WINDOW * part, WINDOW)] = parts[part]
         return
@@ -228,10 +258,13 @@ def int2_decode(qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits
       plgpu.commit_smem()
 
       def scores(s_acc):
+        if not overlap_values:
+          dequantize_values(vc_s, vs_s, vm_s)
         keys = unpacked_keys(kc_s)
         for part in range(4):
           plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(WINDOW * part, WINDOW)])
-        dequantize_values(vc_s, vs_s, vm_s)  # while the tensor cores work on the scores
+        if overlap_values:
+          dequantize_values(vc_s, vs_s, vm_s)  # while the tensor cores work on the scores
         plgpu.wgmma_wait(0)
         return s_acc[...]
 
@@ -321,6 +354,6 @@ def reference(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min) -> np.ndarray
 def attend(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, interpret=None, options=()):
   """q [N, G, H] -> [N, G, H] f32 over one INT2 pool: the kernel, then the merge of its partials.
   `options`: (name, value) pairs of `int2_decode`'s keywords."""
-  o_t, m, l = int2_decode(query_operands(q), k_codes, k_scale, key_bias(q, k_min), v_codes, v_scale, v_min,
+  o_t, m, l = int2_decode(q, k_codes, k_scale, key_bias(q, k_min), v_codes, v_scale, v_min,
                           splits=splits, interpret=interpret, **dict(options))
   return merge(o_t, m, l, q.shape[1])

@@ -48,7 +48,7 @@ only and one compilation serves every batch and video length.
 Three layers: `_kernel` over refs, `quantized_decode` (the pallas_call with its
 grid and BlockSpecs, and the combine), and `reference` (pure jnp: dequantize,
 then attend). A Mosaic GPU version would be one more module with the same
-signature, registered under another name.
+signature, registered under another name; `mosaic_int2.py` is its INT2 part (not registered yet).
 """
 from __future__ import annotations
 

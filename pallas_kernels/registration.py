@@ -3,7 +3,8 @@
     "pallas"   quantized_decode.py: split-K flash decoding, Pallas Triton lowering
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
-tests them). A Mosaic GPU kernel would be one more module and one more entry here.
+tests them). A Mosaic GPU kernel would be one more module and one more entry here
+(`mosaic_int2.py`, JAX >= 0.11, serves one INT2 pool so far and is benchmarked on its own).
 """
 from __future__ import annotations
 

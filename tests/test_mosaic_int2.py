@@ -50,6 +50,13 @@ def test_matches_dequantize_then_attend(interpret, seed, pairs, tokens, groups, 
   np.testing.assert_allclose(out, want, atol=2e-3, rtol=0)
 
 
+def test_values_first_matches(interpret):
+  """Dequantizing the values before the score wgmma (`overlap_values=False`) computes the same."""
+  case = random_case(4, 2, 128, 7)
+  out = np.asarray(mi.attend(*case, splits=1, interpret=interpret, options=(("overlap_values", False),)))
+  np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
+
+
 def test_splits_and_window_parities_merge(interpret):
   """The same keys over 1 and 4 splits give the same attention (the merge of partial softmaxes)."""
   case = random_case(3, 2, 256, 7)
@@ -58,20 +65,34 @@ def test_splits_and_window_parities_merge(interpret):
   np.testing.assert_allclose(one, four, atol=2e-4, rtol=0)  # P is rounded to f16 after different maxima
 
 
-@pytest.mark.parametrize("fast_unpack", [True, False])
-def test_lowers_for_cuda(fast_unpack):
+@pytest.mark.parametrize("options", [dict(fast_unpack=False), dict(), dict(magic_exponents=True),
+                                     dict(overlap_values=False), dict(ptx_fma=False, auto_barriers=True)])
+def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
   import jax
   shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in random_case(0, 4, 512, 7)]
   lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.int2_decode(
-      mi.query_operands(q), kc, ks, mi.key_bias(q, km), vc, vs, vm, splits=2, fast_unpack=fast_unpack))
+      q, kc, ks, mi.key_bias(q, km), vc, vs, vm, splits=2, **options))
   text = lower.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
+
+
+@pytest.mark.parametrize("magic_exponents", [False, True])
+def test_unpacking_constants(magic_exponents):
+  """The inline PTX's arithmetic, emulated bit for bit in numpy for every byte: prmt's high byte, the
+  part's AND (and OR), then the f16 subtraction of the magic number give 4^p c (or c)."""
+  byte = np.arange(256, dtype=np.uint16)
+  for part in range(4):
+    mask, exponent, magic = mi.part_constants(part, magic_exponents)
+    half = (byte | (0 if magic_exponents else 0x6400)) & mask | exponent
+    value = half.view(np.float16).astype(np.float64) - np.array(magic, np.uint16).view(np.float16)
+    code = (byte >> (2 * part)) & 3
+    np.testing.assert_array_equal(value, code * (1 if magic_exponents else 4 ** part))
 
 
 def test_bad_shapes_are_refused():
   q, kc, ks, km, vc, vs, vm = random_case(0, 1, 128, 7)
   with pytest.raises(ValueError, match="multiple of 64"):
-    mi.int2_decode(mi.query_operands(q), kc, ks, mi.key_bias(q, km), vc, vs, vm, splits=3)
+    mi.int2_decode(q, kc, ks, mi.key_bias(q, km), vc, vs, vm, splits=3)
   with pytest.raises(ValueError, match="up to 8 query heads"):
     mi.query_operands(np.zeros((1, 9, mi.HEAD_DIM), np.float32))
