@@ -40,6 +40,7 @@ VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
     "magic": dict(magic_exponents=True),  # per-part magic exponents: no 4^-p anywhere (untimed, s20)
     "values_first": dict(overlap_values=False),  # fewer live registers, no overlap (untimed, s20)
     "magic_values_first": dict(magic_exponents=True, overlap_values=False),
+    "deferred": dict(defer_values_wgmma=True),  # the V wgmma waited for in the next step (untimed, s20)
 }
 
 
@@ -121,8 +122,9 @@ def markdown(report: dict) -> str:
   lines = [f"# Mosaic GPU INT2 kernel against the Triton kernel (`{prov.get('command', '')}`)", "",
            f"- date: {prov.get('date')}", f"- device: {prov.get('device')}, jax {prov.get('jax')}",
            f"- copy (jnp, read + write): {report.get('copy_TBps', 0):.2f} TB/s",
-           "- checks (max |error| against float64 dequantize-then-attend): "
-           + "; ".join(f"{c['case']}: {c['max_abs_error']:.2g}" for c in report.get("checks", [])), "",
+           "- checks (max |error| against float64 dequantize-then-attend; a variant that fails is not timed): "
+           + "; ".join(f"{c['case']}: {c['max_abs_error']:.2g}" for c in report.get("checks", [])),
+           *[f"- {case}: {error}" for case, error in report.get("check_errors", {}).items()], "",
            "| batch | kernel | GPU µs a call | TB/s | against Triton |", "| ---: | --- | ---: | ---: | ---: |"]
   for row in report["rows"]:
     triton = row["triton"]["gpu_s"] or row["triton"]["wall_s"]
@@ -164,13 +166,20 @@ def main(argv=None) -> int:
   start = time.time()
   key = jax.random.PRNGKey(0)
   report = dict(provenance=provenance(), rows=[], checks=[])
-  errors = []
+  errors, checked = [], []  # a variant that fails or errs is reported and not timed; the run exits 1
   for variant in args.variants:
-    errors.append((f"{variant}, small: 6 pairs x 1024 tokens, 2 splits", check(6, 1024, 2, key, variant=variant)))
-    errors.append((f"{variant}, batch {args.batches[0]} x {args.tokens}: 4 pairs",
-                   check(args.batches[0] * da.KV_HEADS, args.tokens, args.splits[0], key, subset=4,
-                         variant=variant)))
+    cases = [(f"{variant}, small: 6 pairs x 1024 tokens, 2 splits", (6, 1024, 2, key)),
+             (f"{variant}, batch {args.batches[0]} x {args.tokens}: 4 pairs",
+              (args.batches[0] * da.KV_HEADS, args.tokens, args.splits[0], key, 4))]
+    for case, check_args in cases:
+      try:
+        errors.append((case, check(*check_args, variant=variant)))
+      except Exception as e:  # a variant the device refuses
+        errors.append((case, float("nan")))
+        report.setdefault("check_errors", {})[case] = repr(e)[:600]
     print(errors[-2:], flush=True)
+    if all(e < 5e-3 for _, e in errors[-2:]):
+      checked.append(variant)
   report["checks"] = [dict(case=c, max_abs_error=e) for c, e in errors]
   report["copy_TBps"] = copy_bandwidth(1 << 30) / 1e12
   for batch in args.batches:
@@ -178,7 +187,7 @@ def main(argv=None) -> int:
     row = dict(batch=batch, tokens=args.tokens, triton=tri,
                triton_TBps=tri["bytes"] / (tri["gpu_s"] or tri["wall_s"]) / 1e12)
     print(json.dumps(row, default=str), flush=True)
-    for variant in args.variants:
+    for variant in checked:
       for splits in args.splits:
         if time.time() - start > args.budget_s:
           break

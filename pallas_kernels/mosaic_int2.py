@@ -173,7 +173,8 @@ def _f16_bits(x: float) -> int:
 
 def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits: int, interpret=None,
                 fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
-                auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True):
+                auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True,
+                defer_values_wgmma: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -183,7 +184,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   store to shared memory (without them, each buffer is written only after the wgmma that read it was
   waited for, and read only after `commit_smem`, whose barrier orders the writes); `magic_exponents`: see
   `_unpacked_parts` (untimed); `overlap_values`: dequantize the values while the score wgmma runs (else
-  before it: the key parts, which wgmma reads from registers, then live for less time; untimed).
+  before it: the key parts, which wgmma reads from registers, then live for less time; untimed);
+  `defer_values_wgmma`: O^T accumulates in place in a wgmma accumulator and a step's V wgmma is waited for
+  in the next step, after its key wgmma is issued and its values dequantized (double-buffered V and P;
+  untimed; not in the interpret mode, which cannot store to an accumulator).
   """
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -195,6 +199,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   layout = plgpu.Layout
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
   magic = fast and magic_exponents
+  defer = defer_values_wgmma and interpret is None
+  slots = 2 if defer else 1
   qt = query_operands(q, part_scaled=not magic)
 
   def swizzled(row_bytes, dtype):  # the interpret mode takes plain buffers
@@ -205,7 +211,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   def smem(shape, dtype, row_bytes=None):
     return plgpu.SMEM(shape, dtype, transforms=swizzled(row_bytes, dtype) if row_bytes else ())
 
-  def kernel(qt_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_s, p_s, bar):
+  def kernel(qt_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_slots, p_slots, bar):
     pair, split = lax.axis_index("pair"), lax.axis_index("split")
 
     def load_query(qt_s):  # scoped: its shared memory goes back to the pipeline's buffers
@@ -236,7 +242,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return [plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
               for part in range(4)]
 
-    def dequantize_values(vc_s, vs_s, vm_s):  # into v_s [64 tokens, 128 channels] f16
+    def dequantize_values(vc_s, vs_s, vm_s, v_s):  # into v_s [64 tokens, 128 channels] f16
       if fast:
         parts = _unpacked_parts(plgpu.load(vc_s, layout=layout.WGMMA), vs_s, vm_s, ptx_fma=ptx_fma,
                                 magic_exponents=magic)
@@ -249,8 +255,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         scale = per_token(vs_s, part) * jnp.float16(4.0 ** -part)
         v_s[:, pl.ds(WINDOW * part, WINDOW)] = values * scale + per_token(vm_s, part)
 
-    def step(_, kc_s, ks_s, kb_s, vc_s, vs_s, vm_s, carry):
-      acc, m_run, l_rows = carry
+    def step(indices, kc_s, ks_s, kb_s, vc_s, vs_s, vm_s, carry):
+      acc, m_run, l_rows = carry  # acc: None where O^T accumulates in place (`defer`)
+      slot = lax.rem(indices[0], slots) if defer else 0
+      v_s, p_s = v_slots.at[slot], p_slots.at[slot]
       if fast:
         bq_s[...] = _scaled_query(q, ks_s)
       else:
@@ -259,13 +267,13 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
       def scores(s_acc):
         if not overlap_values:
-          dequantize_values(vc_s, vs_s, vm_s)
+          dequantize_values(vc_s, vs_s, vm_s, v_s)
         keys = unpacked_keys(kc_s)
         for part in range(4):
           plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(WINDOW * part, WINDOW)])
         if overlap_values:
-          dequantize_values(vc_s, vs_s, vm_s)  # while the tensor cores work on the scores
-        plgpu.wgmma_wait(0)
+          dequantize_values(vc_s, vs_s, vm_s, v_s)  # while the tensor cores work on the scores
+        plgpu.wgmma_wait(0)  # with `defer`, also the previous step's V wgmma
         return s_acc[...]
 
       s = pl.run_scoped(scores, plgpu.ACC((STEP, COLUMNS), jnp.float32))
@@ -276,9 +284,15 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
       # Row sums are kept a thread's rows apart and reduced once at the end: no exchange between warps.
       l_rows = l_rows * lax.broadcast_in_dim(alpha, s.shape, [1]) + p
-      acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
+      if defer:
+        o_acc[...] = o_acc[...] * lax.broadcast_in_dim(alpha, (HEAD_DIM, COLUMNS), [1])
+      else:
+        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
       p_s[...] = p.astype(jnp.float16)
       plgpu.commit_smem()
+      if defer:  # waited for in the next step (or after the loop)
+        plgpu.wgmma(o_acc, v_s.transpose((1, 0)), p_s)
+        return acc, m_new, l_rows
 
       def attend(o_acc):  # a fresh accumulator, added to the rescaled one (interpret mode cannot store to one)
         plgpu.wgmma(o_acc, v_s.transpose((1, 0)), p_s)
@@ -287,17 +301,30 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       acc = acc + pl.run_scoped(attend, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
       return acc, m_new, l_rows
 
-    init = (plgpu.layout_cast(jnp.zeros((HEAD_DIM, COLUMNS), jnp.float32), layout.WGMMA),
-            plgpu.layout_cast(jnp.full((COLUMNS,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
-            plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
-    first = split * steps
-    codes = lambda: plgpu.BlockSpec((STEP, HEAD_DIM // 4), lambda s: (first + s, 0),
-                                    transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
-    windows = lambda width: plgpu.BlockSpec((2 if width == HEAD_DIM else 1, width), lambda s: (first + s, 0))
-    pipeline = plgpu.emit_pipeline(
-        step, grid=(steps,), max_concurrent_steps=stages, init_carry=init,
-        in_specs=[codes(), windows(HEAD_DIM), windows(2 * COLUMNS), codes(), windows(HEAD_DIM), windows(HEAD_DIM)])
-    acc, m_run, l_rows = pipeline(*(x.at[pair] for x in (kc_g, ks_g, kb_g, vc_g, vs_g, vm_g)))
+    def run_loop(accumulator=None):  # accumulator: O^T's wgmma accumulator where it accumulates in place
+      nonlocal o_acc
+      o_acc = accumulator
+      init = (None if defer else plgpu.layout_cast(jnp.zeros((HEAD_DIM, COLUMNS), jnp.float32), layout.WGMMA),
+              plgpu.layout_cast(jnp.full((COLUMNS,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
+              plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
+      first = split * steps
+      codes = lambda: plgpu.BlockSpec((STEP, HEAD_DIM // 4), lambda s: (first + s, 0),
+                                      transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
+      windows = lambda width: plgpu.BlockSpec((2 if width == HEAD_DIM else 1, width), lambda s: (first + s, 0))
+      pipeline = plgpu.emit_pipeline(
+          step, grid=(steps,), max_concurrent_steps=stages, init_carry=init,
+          in_specs=[codes(), windows(HEAD_DIM), windows(2 * COLUMNS), codes(), windows(HEAD_DIM), windows(HEAD_DIM)])
+      acc, m_run, l_rows = pipeline(*(x.at[pair] for x in (kc_g, ks_g, kb_g, vc_g, vs_g, vm_g)))
+      if defer:
+        plgpu.wgmma_wait(0)
+        acc = o_acc[...]
+      return acc, m_run, l_rows
+
+    o_acc = None
+    if defer:
+      acc, m_run, l_rows = pl.run_scoped(run_loop, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
+    else:
+      acc, m_run, l_rows = run_loop()
 
     def store(o_s, ml_s):
       o_s[...] = acc
@@ -316,8 +343,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32),
                 jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32)),
       grid=(n, splits), grid_names=("pair", "split"),
-      scratch_types=[smem((HEAD_DIM, COLUMNS), jnp.float16, 32), smem((STEP, HEAD_DIM), jnp.float16, 32),
-                     smem((STEP, COLUMNS), jnp.float16, 32), plgpu.Barrier(num_arrivals=1, num_barriers=1)],
+      scratch_types=[smem((HEAD_DIM, COLUMNS), jnp.float16, 32), smem((slots, STEP, HEAD_DIM), jnp.float16, 32),
+                     smem((slots, STEP, COLUMNS), jnp.float16, 32), plgpu.Barrier(num_arrivals=1, num_barriers=1)],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane,
                                            approx_math=approx_math, unsafe_no_auto_barriers=not auto_barriers),
       interpret=interpret)

@@ -66,7 +66,8 @@ def test_splits_and_window_parities_merge(interpret):
 
 
 @pytest.mark.parametrize("options", [dict(fast_unpack=False), dict(), dict(magic_exponents=True),
-                                     dict(overlap_values=False), dict(ptx_fma=False, auto_barriers=True)])
+                                     dict(overlap_values=False), dict(ptx_fma=False, auto_barriers=True),
+                                     dict(defer_values_wgmma=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
   import jax
