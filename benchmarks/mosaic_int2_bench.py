@@ -159,10 +159,7 @@ def main(argv=None) -> int:
     return 2
   if jax.default_backend() == "cpu":
     global INTERPRET
-    from benchmarks.mosaic_mma_probe import interpret_wgmma_with_register_lhs
-    from jax.experimental.pallas import mosaic_gpu as plgpu
-    interpret_wgmma_with_register_lhs()
-    INTERPRET = plgpu.InterpretGPUParams()
+    INTERPRET = mi.interpret_params()
   start = time.time()
   key = jax.random.PRNGKey(0)
   report = dict(provenance=provenance(), rows=[], checks=[])

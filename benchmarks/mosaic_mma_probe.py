@@ -19,11 +19,12 @@ warpgroup each on 8 tokens (`m_warps=1`), is:
    as its A operand, lowered for CUDA. Mosaic GPU refuses arithmetic on 8-bit values except bitwise
    operations ("Upcast to a 16- or 32-bit type"), so the part is masked in place, not shifted:
    `(codes & 3 << 2p).astype(f16)` is 4^p c, and q's part carries 4^-p (exact). JAX 0.11.2's interpret
-   mode reads wgmma's A from shared memory only; `interpret_wgmma_with_register_lhs()` extends it, and the
+   mode reads wgmma's A from shared memory only; `interpret_wgmma_with_register_lhs()`
+   (`pallas_kernels/mosaic_int2.py`) extends it, and the
    part is then also run in interpret mode against the codes' product.
 
     python3.12 -m venv /tmp/venv12 && /tmp/venv12/bin/pip install jax==0.11.2 jaxlib==0.11.2
-    /tmp/venv12/bin/python benchmarks/mosaic_mma_probe.py
+    PYTHONPATH=. /tmp/venv12/bin/python benchmarks/mosaic_mma_probe.py
 
 It also reports why warp-level MMA cannot take the codes directly: uint8 codes loaded in the f16
 `MMA_RHS` layout (two codes a register) do not lower under the shared-memory transforms tried.
@@ -50,47 +51,6 @@ def interpret_mma_on_cpu() -> None:
     return acc + jnp.dot(a.astype(jnp.float32), b.astype(jnp.float32))
 
   mlir.register_lowering(primitives.mma_p, mlir.lower_fun(mma, multiple_results=False), platform="cpu")
-
-
-def interpret_wgmma_with_register_lhs() -> None:
-  """Lets Mosaic GPU's interpret mode (JAX 0.11.2) run `plgpu.wgmma` with its A operand in registers.
-
-  Its wgmma callback reads A from shared memory only. This wraps the interpreter's rule: where A is a
-  value, one callback adds a @ b to the accumulator, reading b and the accumulator as the original does.
-  Private APIs of one JAX version: this is a probe's helper, checked by the probe itself.
-  """
-  import numpy as np
-  from jax._src import callback
-  from jax._src import state
-  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks, jaxpr_interpret
-
-  original = jaxpr_interpret.JaxprInterpreter._interpret_wgmma_ref_p
-
-  def with_value(*, token, mesh_location, thread, acc_key, acc_transforms, a, b_key, b_transforms):
-    memory = gpu_callbacks._get_shared_memory()
-    key = gpu_callbacks.HostAllocationKey.from_array
-    acc_key, b_key = key(acc_key), key(b_key)
-    clean = lambda t: jax.tree.map(int, gpu_callbacks._remove_noop_transforms(t))
-    acc_range = memory.access(acc_key, clean(acc_transforms))
-    b, _, _ = memory.get_buffer_content(b_key, memory.access(b_key, clean(b_transforms)), thread)
-    acc, _, _ = memory.get_buffer_content(acc_key, acc_range, thread)
-    memory.store_buffer_content(acc_key, acc_range, acc + np.matmul(np.asarray(a), b, dtype=acc.dtype), thread)
-    return token
-
-  def rule(self, eqn, token, get_invals):
-    if isinstance(eqn.invars[1].aval, state.AbstractRef):
-      return original(self, eqn, token, get_invals)
-    acc, a, b, *leaves = get_invals()
-    empty = jax.tree.structure([])
-    acc_transforms, _, b_transforms = jax.tree.unflatten(jax.tree_util.treedef_tuple((
-        eqn.params["acc_transforms_tree"] or empty, eqn.params["a_transforms_tree"] or empty,
-        eqn.params["b_transforms_tree"] or empty)), leaves)
-    return callback.io_callback(
-        with_value, gpu_callbacks.TOKEN_SHAPE_DTYPE, token=token,
-        mesh_location=self.mesh_location, thread=self.thread, acc_key=acc, acc_transforms=acc_transforms,
-        a=a, b_key=b, b_transforms=b_transforms), []
-
-  jaxpr_interpret.JaxprInterpreter._interpret_wgmma_ref_p = rule
 
 
 def scores_kernel(interpret=None):
@@ -206,6 +166,7 @@ def main() -> int:
   for name, transforms in [("none", ()), ("tiled 8x32", (plgpu.TilingTransform((8, 32)),)),
                            ("tiled 8x32, swizzled 32", (plgpu.TilingTransform((8, 32)), plgpu.SwizzleTransform(32)))]:
     print(f"uint8 codes in the f16 MMA_RHS layout, {name}: {codes_in_f16_mma_layout(transforms)}")
+  from pallas_kernels.mosaic_int2 import interpret_wgmma_with_register_lhs
   interpret_wgmma_with_register_lhs()
   codes = jax.random.randint(jax.random.PRNGKey(1), (64, 32), 0, 256).astype(jnp.uint8)
   q_t = jax.random.normal(jax.random.PRNGKey(2), (32, 16), jnp.float16)

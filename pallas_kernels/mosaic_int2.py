@@ -21,9 +21,9 @@ Values are dequantized in registers (scale and minimum per window and channel), 
 from the softmax, through shared memory.
 
 Status (H200, session 20, `benchmarks/mosaic_int2_bench.py`): batch 60 x 32k tokens of INT2 635 µs against
-the Triton kernel's 646, batch 8 105 against 101 (`results/decode_attention_notes.md`). Not registered
-yet: it serves one INT2 pool of tokens a multiple of 64 x splits, the same for every pair; the registered
-path's pools are ranges of a cache that hold data-dependent window counts.
+the Triton kernel's 646, batch 8 105 against 101 (`results/decode_attention_notes.md`). In the registered
+path as `"pallas:mosaic_int2"` (`DecodeConfig.int2_mosaic`): a layer's range of the INT2 pool
+(`range_partials`) in a launch of its own, merged with the Triton launches' partials; untimed that way.
 
 Layouts: codes [N, T, H/4] uint8 packed "split" style (byte j holds channels j, j + 32, j + 64, j + 96 at
 bits 0, 2, 4, 6), scales and minimums [N, T/32, H] f16, N = batch * KV heads. Scores are base 2 (q carries
@@ -48,6 +48,62 @@ def available() -> bool:
   return (major, minor) >= (0, 11)
 
 
+_INTERPRET_PATCHED = False
+
+
+def interpret_wgmma_with_register_lhs() -> None:
+  """Lets Mosaic GPU's interpret mode (JAX 0.11.2) run `plgpu.wgmma` with its A operand in registers.
+
+  Its wgmma callback reads A from shared memory only. This wraps the interpreter's rule: where A is a
+  value, one callback adds a @ b to the accumulator, reading b and the accumulator as the original does.
+  Private APIs of one JAX version (checked by `tests/test_mosaic_int2.py` and the probe); applied once, by
+  `interpret_params()`.
+  """
+  global _INTERPRET_PATCHED
+  if _INTERPRET_PATCHED:
+    return
+  _INTERPRET_PATCHED = True
+  import numpy as np
+  from jax._src import callback
+  from jax._src import state
+  from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks, jaxpr_interpret
+
+  original = jaxpr_interpret.JaxprInterpreter._interpret_wgmma_ref_p
+
+  def with_value(*, token, mesh_location, thread, acc_key, acc_transforms, a, b_key, b_transforms):
+    memory = gpu_callbacks._get_shared_memory()
+    key = gpu_callbacks.HostAllocationKey.from_array
+    acc_key, b_key = key(acc_key), key(b_key)
+    clean = lambda t: jax.tree.map(int, gpu_callbacks._remove_noop_transforms(t))
+    acc_range = memory.access(acc_key, clean(acc_transforms))
+    b, _, _ = memory.get_buffer_content(b_key, memory.access(b_key, clean(b_transforms)), thread)
+    acc, _, _ = memory.get_buffer_content(acc_key, acc_range, thread)
+    memory.store_buffer_content(acc_key, acc_range, acc + np.matmul(np.asarray(a), b, dtype=acc.dtype), thread)
+    return token
+
+  def rule(self, eqn, token, get_invals):
+    if isinstance(eqn.invars[1].aval, state.AbstractRef):
+      return original(self, eqn, token, get_invals)
+    acc, a, b, *leaves = get_invals()
+    empty = jax.tree.structure([])
+    acc_transforms, _, b_transforms = jax.tree.unflatten(jax.tree_util.treedef_tuple((
+        eqn.params["acc_transforms_tree"] or empty, eqn.params["a_transforms_tree"] or empty,
+        eqn.params["b_transforms_tree"] or empty)), leaves)
+    return callback.io_callback(
+        with_value, gpu_callbacks.TOKEN_SHAPE_DTYPE, token=token,
+        mesh_location=self.mesh_location, thread=self.thread, acc_key=acc, acc_transforms=acc_transforms,
+        a=a, b_key=b, b_transforms=b_transforms), []
+
+  jaxpr_interpret.JaxprInterpreter._interpret_wgmma_ref_p = rule
+
+
+def interpret_params():
+  """Mosaic GPU's interpret mode (CPU), with wgmma's register operand."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  interpret_wgmma_with_register_lhs()
+  return plgpu.InterpretGPUParams()
+
+
 def query_operands(q: jax.Array, part_scaled: bool = True) -> jax.Array:
   """q [N, G, H] (scaled, base 2) -> [N, H, 16] f16: q^T twice (one block of 8 columns a window of the
   step), times 4^-p for channel part p where the key parts come as 4^p c (`part_scaled`)."""
@@ -60,11 +116,20 @@ def query_operands(q: jax.Array, part_scaled: bool = True) -> jax.Array:
   return (qt * part_scale[None, :, None]).astype(jnp.float16)
 
 
-def key_bias(q: jax.Array, k_min: jax.Array) -> jax.Array:
+def key_bias(q: jax.Array, k_min: jax.Array, first=None, count=None, windows: int | None = None) -> jax.Array:
   """q [N, G, H] . key minimums [N, W, H] -> [N, W/2, 32] f32: a step's two windows' 8 columns each, then
-  16 zeros (a TMA copy moves a multiple of 128 bytes)."""
+  16 zeros (a TMA copy moves a multiple of 128 bytes).
+
+  Over a range (data `first` and `count`, static `windows` >= count, even): windows first ... first +
+  windows - 1, those from `count` on (and past the pool) -1e30, so that they weigh nothing.
+  """
   n, g, _ = q.shape
+  if first is not None:
+    index = first + jnp.arange(windows)
+    k_min = jnp.take(k_min, index, axis=1, mode="fill", fill_value=0)
   bias = jnp.einsum("ngh,nwh->nwg", q.astype(jnp.float32), k_min.astype(jnp.float32))
+  if first is not None:
+    bias = jnp.where((jnp.arange(windows) < count)[None, :, None], bias, _NEG)
   bias = jnp.pad(bias, ((0, 0), (0, 0), (0, COLUMNS // 2 - g))).reshape(n, -1, COLUMNS)
   return jnp.pad(bias, ((0, 0), (0, 0), (0, COLUMNS)))
 
@@ -174,7 +239,7 @@ def _f16_bits(x: float) -> int:
 def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits: int, interpret=None,
                 fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
                 auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True,
-                defer_values_wgmma: bool = False):
+                defer_values_wgmma: bool = False, first_window=None, steps: int | None = None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -188,14 +253,25 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   `defer_values_wgmma`: O^T accumulates in place in a wgmma accumulator and a step's V wgmma is waited for
   in the next step, after its key wgmma is issued and its values dequantized (double-buffered V and P;
   untimed; not in the interpret mode, which cannot store to an accumulator).
+
+  A range of the pool (a layer's windows in a cache shared by layers): `first_window`, an int32 [32] array
+  whose element 0 is the range's first window (data), and `steps`, each split's 64-token steps (static);
+  split j reads windows first + 2 steps j ... Windows past the range must carry a bias of -1e30 (`key_bias`
+  with `count`), and those past the pool are read as zeros (TMA fills them).
   """
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
 
   n, tokens, packed = k_codes.shape
-  if packed * 4 != HEAD_DIM or tokens % (STEP * splits):
+  ranged = first_window is not None
+  if packed * 4 != HEAD_DIM or (not ranged and tokens % (STEP * splits)):
     raise ValueError(f"codes {k_codes.shape}: need [N, T, {HEAD_DIM // 4}] with T a multiple of {STEP} x splits")
-  steps = tokens // STEP // splits
+  if ranged:
+    if steps is None or k_bias.shape[1] != steps * splits:
+      raise ValueError(f"a range needs `steps`, and a bias of splits x steps = {k_bias.shape[1]} rows")
+  else:
+    first_window = jnp.zeros((32,), jnp.int32)  # unused
+    steps = tokens // STEP // splits
   layout = plgpu.Layout
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
   magic = fast and magic_exponents
@@ -211,8 +287,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   def smem(shape, dtype, row_bytes=None):
     return plgpu.SMEM(shape, dtype, transforms=swizzled(row_bytes, dtype) if row_bytes else ())
 
-  def kernel(qt_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_slots, p_slots, bar):
+  def kernel(first_g, qt_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_slots, p_slots, bar):
     pair, split = lax.axis_index("pair"), lax.axis_index("split")
+
+    def load_first(first_s):  # the range's first window, through shared memory (a TMA moves >= 128 bytes)
+      plgpu.copy_gmem_to_smem(first_g, first_s, bar.at[0])
+      plgpu.barrier_wait(bar.at[0])
+      return first_s[0]
+    start = pl.run_scoped(load_first, smem((32,), jnp.int32)) if ranged else 0
 
     def load_query(qt_s):  # scoped: its shared memory goes back to the pipeline's buffers
       plgpu.copy_gmem_to_smem(qt_g.at[pair], qt_s, bar.at[0])
@@ -308,12 +390,19 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
               plgpu.layout_cast(jnp.full((COLUMNS,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
               plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
       first = split * steps
-      codes = lambda: plgpu.BlockSpec((STEP, HEAD_DIM // 4), lambda s: (first + s, 0),
-                                      transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
-      windows = lambda width: plgpu.BlockSpec((2 if width == HEAD_DIM else 1, width), lambda s: (first + s, 0))
+      if ranged:  # element offsets: the range may start at an odd window
+        codes = lambda: plgpu.BlockSpec((pl.Element(STEP), HEAD_DIM // 4),
+                                        lambda s: (WINDOW * start + STEP * (first + s), 0),
+                                        transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
+        metadata = lambda: plgpu.BlockSpec((pl.Element(2), HEAD_DIM), lambda s: (start + 2 * (first + s), 0))
+      else:
+        codes = lambda: plgpu.BlockSpec((STEP, HEAD_DIM // 4), lambda s: (first + s, 0),
+                                        transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
+        metadata = lambda: plgpu.BlockSpec((2, HEAD_DIM), lambda s: (first + s, 0))
+      bias = plgpu.BlockSpec((1, 2 * COLUMNS), lambda s: (first + s, 0))
       pipeline = plgpu.emit_pipeline(
           step, grid=(steps,), max_concurrent_steps=stages, init_carry=init,
-          in_specs=[codes(), windows(HEAD_DIM), windows(2 * COLUMNS), codes(), windows(HEAD_DIM), windows(HEAD_DIM)])
+          in_specs=[codes(), metadata(), bias, codes(), metadata(), metadata()])
       acc, m_run, l_rows = pipeline(*(x.at[pair] for x in (kc_g, ks_g, kb_g, vc_g, vs_g, vm_g)))
       if defer:
         plgpu.wgmma_wait(0)
@@ -348,7 +437,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane,
                                            approx_math=approx_math, unsafe_no_auto_barriers=not auto_barriers),
       interpret=interpret)
-  return call(qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min)
+  return call(first_window, qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min)
 
 
 def merge(o_t, m, l, groups: int) -> jax.Array:
@@ -375,6 +464,19 @@ def reference(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min) -> np.ndarray
   s = np.einsum("ngh,nth->ngt", np.asarray(q, np.float64), k)
   p = np.exp2(s - s.max(axis=-1, keepdims=True))
   return np.einsum("ngt,nth->ngh", p / p.sum(axis=-1, keepdims=True), v)
+
+
+def range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, count, *, windows: int,
+                   splits: int, interpret=None, **options):
+  """Partials (`int2_decode`'s o_t, m, l) over windows first ... first + count - 1 of a pool (a layer's range
+  in a cache shared by layers; first and count data, `windows` >= count static): each split reads
+  ceil(windows / 2 / splits) steps."""
+  steps = -(-windows // (2 * splits))
+  first = jnp.asarray(first, jnp.int32)
+  bias = key_bias(q, k_min, first, count, 2 * steps * splits)
+  first_window = jnp.zeros((32,), jnp.int32).at[0].set(first)
+  return int2_decode(q, k_codes, k_scale, bias, v_codes, v_scale, v_min, splits=splits, interpret=interpret,
+                     first_window=first_window, steps=steps, **options)
 
 
 @functools.partial(jax.jit, static_argnames=("splits", "interpret", "options"))

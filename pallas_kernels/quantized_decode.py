@@ -48,7 +48,7 @@ only and one compilation serves every batch and video length.
 Three layers: `_kernel` over refs, `quantized_decode` (the pallas_call with its
 grid and BlockSpecs, and the combine), and `reference` (pure jnp: dequantize,
 then attend). A Mosaic GPU version would be one more module with the same
-signature, registered under another name; `mosaic_int2.py` is its INT2 part (not registered yet).
+signature, registered under another name; `mosaic_int2.py` is its INT2 part (`DecodeConfig.int2_mosaic`).
 """
 from __future__ import annotations
 
@@ -136,6 +136,12 @@ class DecodeConfig:
   # against 6.44 ms a step, fp16); at 32 x 100 the step times tie (13.98 / 13.99 ms fp16).
   fused_combine: bool = False
   combine_splits_a_step: int = 8  # partial softmaxes the combine kernel merges a loop step
+  # The INT2 pool (window-wise key and value scales, window 32, head dim 128, G <= 8) in a launch of
+  # `mosaic_int2.py`'s Mosaic GPU kernel (JAX >= 0.11), merged with the other launches' partials by the
+  # combine. Off: at 32k tokens it matches the Triton kernel (H200, 2026-12-04); the variant
+  # "pallas:mosaic_int2" (registration.py) turns it on.
+  int2_mosaic: bool = False
+  mosaic_programs_per_multiprocessor: int = 3  # its 148 registers a thread leave room for three
 
 
 @dataclasses.dataclass(frozen=True)
@@ -609,6 +615,18 @@ def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, res
   layer = jnp.zeros((1,), jnp.int32) if rest_layer is None else jnp.reshape(rest_layer, (1,)).astype(jnp.int32)
   launch = functools.partial(_launch, q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, layer,
                              window_size=window_size, q_scale=q_scale, interpret=interpret)
+  mosaic = [i for i in present if config.int2_mosaic and mosaic_serves(k_pools[i], v_pools[i], g, h, window_size)]
+  if mosaic:  # that pool in a Mosaic GPU launch, the others as configured
+    (i,) = mosaic
+    others = tuple(None if j == i else p for j, p in enumerate(k_pools))
+    parts = [partial_softmaxes(qg, others, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+                               window_size=window_size, tokens_hint=tokens_hint - pool_tokens[i],
+                               pool_tokens=pool_tokens, config=dataclasses.replace(config, int2_mosaic=False),
+                               q_scale=q_scale, rest_layer=rest_layer, interpret=interpret),
+             _mosaic_int2_partials(qg, k_pools[i], v_pools[i], offsets[i], counts[i], gp,
+                                   windows=pool_tokens[i] // window_size, config=config, q_scale=q_scale,
+                                   interpret=interpret)]
+    return tuple(jnp.concatenate(x, axis=2) for x in zip(*parts))
   int4 = [i for i in present if k_pools[i].bits == 4]
   if int4 and int4_launch_pays(config, b * kh * sum(pool_tokens[i] for i in int4)):
     others = [i for i in present if i not in int4]
@@ -616,6 +634,38 @@ def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, res
              launch(int4, False, sum(pool_tokens[i] for i in int4), config.int4_launch)]
     return tuple(jnp.concatenate(x, axis=2) for x in zip(*parts))
   return launch(present, True, tokens_hint, config)
+
+
+def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int) -> bool:
+  """Whether `mosaic_int2.py` serves this pool: INT2 keys and values with scales a window and channel
+  (not KIVI's values a token), windows of 32, head dim 128, at most 8 query heads a KV head, JAX >= 0.11."""
+  from pallas_kernels import mosaic_int2
+  return (kp.bits == 2 and vp.bits == 2 and not kp.channel_group and not vp.channel_group and g <= 8
+          and window == mosaic_int2.WINDOW and h == mosaic_int2.HEAD_DIM and mosaic_int2.available())
+
+
+def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, gp: int, *, windows: int,
+                          config: DecodeConfig, q_scale: float, interpret: bool):
+  """The layer's windows [first, first + count) of an INT2 pool (`windows` >= count, static) through the
+  Mosaic GPU kernel: partial softmaxes o [B, K, J', Gp, H], m and l [B, K, J', Gp] as `_launch`'s (its
+  window parities are two splits each; rows from G on are padding)."""
+  from pallas_kernels import mosaic_int2
+  b, kh, g, h = qg.shape
+  n = b * kh
+  q = qg.reshape(n, g, h).astype(jnp.float32) * (q_scale * _LOG2E)
+  flat = lambda x: x.reshape(n, *x.shape[2:])
+  steps = max(1, -(-windows // 2))
+  slots = _multiprocessors(config) * config.mosaic_programs_per_multiprocessor
+  splits = max(1, min(steps, round(slots / n)))
+  o_t, m, l = mosaic_int2.range_partials(
+      q, flat(kp.data), flat(kp.scale), flat(kp.minimum), flat(vp.data), flat(vp.scale), flat(vp.minimum),
+      first, count, windows=windows, splits=splits,
+      interpret=mosaic_int2.interpret_params() if interpret else None)
+  half = mosaic_int2.COLUMNS // 2  # [n, J, H, 16]: column c is head c % 8 of window parity c // 8
+  o = jnp.swapaxes(o_t, 2, 3).reshape(b, kh, 2 * splits, half, h)
+  m, l = (x.reshape(b, kh, 2 * splits, half) for x in (m, l))
+  rows = ((0, 0),) * 3 + ((0, gp - half),)
+  return (jnp.pad(o, rows + ((0, 0),)), jnp.pad(m, rows, constant_values=_NEG), jnp.pad(l, rows))
 
 
 def int4_launch_pays(config: DecodeConfig, int4_tokens: int) -> bool:

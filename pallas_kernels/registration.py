@@ -1,17 +1,18 @@
 """Registers the Pallas kernels as implementations of `wq_jax.attention.decode_attention`.
 
-    "pallas"   quantized_decode.py: split-K flash decoding, Pallas Triton lowering
+    "pallas"              quantized_decode.py: split-K flash decoding, Pallas Triton lowering
+    "pallas:mosaic_int2"  the same, with the INT2 pool through mosaic_int2.py's Mosaic GPU kernel
+                          (JAX >= 0.11 only; pools it does not serve go through the Triton kernel)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
-tests them). A Mosaic GPU kernel would be one more module and one more entry here
-(`mosaic_int2.py`, JAX >= 0.11, serves one INT2 pool so far and is benchmarked on its own).
+tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
 """
 from __future__ import annotations
 
 import jax
 from jaxtyping import Array, Float
 
-from pallas_kernels import quantized_decode
+from pallas_kernels import mosaic_int2, quantized_decode
 from wq_jax import attention
 from wq_jax.cache import LayerCache, Pool
 
@@ -42,3 +43,5 @@ def register_variant(name: str, config: quantized_decode.DecodeConfig) -> None:
 
 
 register_variant("pallas", quantized_decode.DecodeConfig())
+if mosaic_int2.available():
+  register_variant("pallas:mosaic_int2", quantized_decode.DecodeConfig(int2_mosaic=True))

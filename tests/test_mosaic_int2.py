@@ -18,13 +18,7 @@ pytestmark = pytest.mark.skipif(not mi.available(), reason="the Mosaic GPU kerne
 @pytest.fixture(scope="module")
 def interpret():
   import jax
-  from jax.experimental.pallas import mosaic_gpu as plgpu
-
-  from benchmarks.mosaic_mma_probe import interpret_wgmma_with_register_lhs
-  if jax.default_backend() != "cpu":
-    return None
-  interpret_wgmma_with_register_lhs()  # the interpret mode of JAX 0.11.2 reads wgmma's A from shared memory
-  return plgpu.InterpretGPUParams()
+  return mi.interpret_params() if jax.default_backend() == "cpu" else None
 
 
 def random_case(seed, pairs, tokens, groups):
@@ -57,6 +51,20 @@ def test_values_first_matches(interpret):
   np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
 
 
+@pytest.mark.parametrize("first,count,windows,splits", [(3, 7, 10, 1), (0, 8, 8, 2), (5, 4, 6, 2), (12, 4, 6, 2)])
+def test_a_range_of_the_pool(interpret, first, count, windows, splits):
+  """A layer's windows of a shared pool: an odd first window, a count below the static bound, splits."""
+  q, kc, ks, km, vc, vs, vm = random_case(5, 2, 16 * mi.WINDOW, 7)
+  o_t, m, l = mi.range_partials(q, kc, ks, km, vc, vs, vm, first, count, windows=windows, splits=splits,
+                                interpret=interpret)
+  out = np.asarray(mi.merge(o_t, m, l, q.shape[1]))
+  tokens = slice(first * mi.WINDOW, (first + count) * mi.WINDOW)
+  windows_ = slice(first, first + count)
+  want = mi.reference(q, kc[:, tokens], ks[:, windows_], km[:, windows_], vc[:, tokens], vs[:, windows_],
+                      vm[:, windows_])
+  np.testing.assert_allclose(out, want, atol=2e-3, rtol=0)
+
+
 def test_splits_and_window_parities_merge(interpret):
   """The same keys over 1 and 4 splits give the same attention (the merge of partial softmaxes)."""
   case = random_case(3, 2, 256, 7)
@@ -67,13 +75,17 @@ def test_splits_and_window_parities_merge(interpret):
 
 @pytest.mark.parametrize("options", [dict(fast_unpack=False), dict(), dict(magic_exponents=True),
                                      dict(overlap_values=False), dict(ptx_fma=False, auto_barriers=True),
-                                     dict(defer_values_wgmma=True)])
+                                     dict(defer_values_wgmma=True), dict(ranged=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
   import jax
   shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in random_case(0, 4, 512, 7)]
-  lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.int2_decode(
-      q, kc, ks, mi.key_bias(q, km), vc, vs, vm, splits=2, **options))
+  if options.pop("ranged", False):
+    lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.range_partials(
+        q, kc, ks, km, vc, vs, vm, 3, 9, windows=12, splits=2, **options))
+  else:
+    lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.int2_decode(
+        q, kc, ks, mi.key_bias(q, km), vc, vs, vm, splits=2, **options))
   text = lower.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
 
@@ -95,5 +107,41 @@ def test_bad_shapes_are_refused():
   q, kc, ks, km, vc, vs, vm = random_case(0, 1, 128, 7)
   with pytest.raises(ValueError, match="multiple of 64"):
     mi.int2_decode(q, kc, ks, mi.key_bias(q, km), vc, vs, vm, splits=3)
+  with pytest.raises(ValueError, match="a range needs"):
+    mi.int2_decode(q, kc, ks, mi.key_bias(q, km), vc, vs, vm, splits=1, first_window=np.zeros(32, np.int32))
   with pytest.raises(ValueError, match="up to 8 query heads"):
     mi.query_operands(np.zeros((1, 9, mi.HEAD_DIM), np.float32))
+
+
+def test_as_the_int2_phase_of_quantized_decode(interpret):
+  """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
+  rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound."""
+  import jax.numpy as jnp
+
+  from pallas_kernels import quantized_decode as qd
+  b, kh, g, h, window = 2, 2, 7, mi.HEAD_DIM, mi.WINDOW
+  rng = np.random.default_rng(6)
+
+  def pool(bits, windows):
+    tokens = windows * window
+    if bits == 16:
+      return qd.PoolArrays(jnp.asarray(rng.normal(size=(b, kh, tokens, h)), jnp.bfloat16), None, None, 16)
+    codes = jnp.asarray(rng.integers(0, 256, (b, kh, tokens, h * bits // 8), dtype=np.uint8))
+    scale = jnp.asarray(rng.uniform(0.02, 0.1, (b, kh, windows, h)), jnp.float16)
+    return qd.PoolArrays(codes, scale, -scale * jnp.asarray(rng.integers(0, 1 << bits, scale.shape), jnp.float16),
+                         bits)
+
+  k_pools = tuple(pool(bits, w) for bits, w in ((16, 3), (4, 4), (2, 9)))
+  v_pools = tuple(pool(bits, w) for bits, w in ((16, 3), (4, 4), (2, 9)))
+  offsets, counts, slice_windows = jnp.array([1, 0, 3]), jnp.array([2, 3, 5]), (2, 3, 6)
+  rest_k, rest_v = (jnp.asarray(rng.normal(size=(b, kh, 24, h)), jnp.bfloat16) for _ in range(2))
+  rest_len = jnp.array([10, 20])
+  qg = jnp.asarray(rng.normal(size=(b, kh, g, h)), jnp.float32)
+  assert qd.mosaic_serves(k_pools[2], v_pools[2], g, h, window)
+  pool_tokens = tuple(w * window for w in slice_windows)
+  out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
+                            tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
+                            config=qd.DecodeConfig(int2_mosaic=True), interpret=interpret is not None)
+  want = qd.reference(qg * h ** -0.5, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+                      window_size=window)
+  np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=3e-3, rtol=0)
