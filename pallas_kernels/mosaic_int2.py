@@ -11,9 +11,8 @@ where A_p is part p of the key codes, masked in place and converted in registers
 minimums): one number a window and head, computed before the kernel by XLA (`key_bias`, reading the
 minimums once, as the kernel would) and added to a step's scores.
 
-Column c of S^T is query head c % 8 of window c // 8 of the step (8 heads: GQA groups up
-to 8): the two windows of a step have different scales, and N = 16 is wgmma's smallest width for f16 B
-anyway. Each column keeps its own running max and sum, so window parity is a split of the key axis that
+Column c of S^T is query head c % 8 of window c // 8 of the step (GQA groups of up to 8 heads): the two
+windows of a step have different scales, and N = 16 is wgmma's smallest width for f16 B anyway. Each column keeps its own running max and sum, so window parity is a split of the key axis that
 the combine merges with the others; entries of the other window are masked to -inf.
 
 Values are dequantized in registers (scale and minimum per window and channel), stored to shared memory
@@ -63,7 +62,6 @@ def interpret_wgmma_with_register_lhs() -> None:
   if _INTERPRET_PATCHED:
     return
   _INTERPRET_PATCHED = True
-  import numpy as np
   from jax._src import callback
   from jax._src import state
   from jax._src.pallas.mosaic_gpu.interpret import gpu_callbacks, jaxpr_interpret
