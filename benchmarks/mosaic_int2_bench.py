@@ -41,6 +41,7 @@ VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
     "values_first": dict(overlap_values=False),  # fewer live registers, no overlap (untimed, s20)
     "magic_values_first": dict(magic_exponents=True, overlap_values=False),
     "deferred": dict(defer_values_wgmma=True),  # the V wgmma waited for in the next step (untimed, s20)
+    "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
 }
 
 

@@ -12,8 +12,9 @@ minimums): one number a window and head, computed before the kernel by XLA (`key
 minimums once, as the kernel would) and added to a step's scores.
 
 Column c of S^T is query head c % 8 of window c // 8 of the step (GQA groups of up to 8 heads): the two
-windows of a step have different scales, and N = 16 is wgmma's smallest width for f16 B anyway. Each column keeps its own running max and sum, so window parity is a split of the key axis that
-the combine merges with the others; entries of the other window are masked to -inf.
+windows of a step have different scales, and N = 16 is wgmma's smallest width for f16 B anyway. Each
+column keeps its own running max and sum, so window parity is a split of the key axis that the combine
+merges with the others; entries of the other window are masked to -inf.
 
 Values are dequantized in registers (scale and minimum per window and channel), stored to shared memory
 [64 tokens, 128 channels] f16, and O^T [128, 16] += V^T P with V^T read transposed by wgmma and P [64, 16]
@@ -132,7 +133,8 @@ def key_bias(q: jax.Array, k_min: jax.Array, first=None, count=None, windows: in
   return jnp.pad(bias, ((0, 0), (0, 0), (0, COLUMNS)))
 
 
-def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic_exponents=False):
+def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic_exponents=False,
+                    parts=(0, 1, 2, 3)):
   """codes [64, 32] uint8 in the WGMMA layout (two codes of a row a register) -> 4 f16 [64, 32] in the WGMMA
   layout: part p is 4^p times the codes (keys; the codes themselves with `magic_exponents`), or, given a
   [2, H] scale and minimum (values), the dequantized values of channels 32p + column, with token t's window
@@ -143,7 +145,7 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
   removes the 1024; values take one f16x2 fma with the window's scale (times 4^-p) and minimum.
   With `magic_exponents` the permute leaves the high bytes zero and part p's bits go under the exponent of
   2^(10 - 2p), whose mantissa bit 2p is worth 1 (one AND-OR, the Triton kernel's trick): the subtract then
-  leaves c itself, and neither q nor the values' scales carry 4^-p.
+  leaves c itself, and neither q nor the values' scales carry 4^-p. `parts`: which of them to return.
   """
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -153,7 +155,7 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
 
   wgmma = plgpu.Layout.WGMMA
   values = scale_ref is not None
-  out = tuple(plgpu.ShapeDtypeStruct((STEP, WINDOW), jnp.float16, layout=wgmma) for _ in range(4))
+  out = tuple(plgpu.ShapeDtypeStruct((STEP, WINDOW), jnp.float16, layout=wgmma) for _ in parts)
   arg_types = (wgmma, plgpu.RefType(), plgpu.RefType()) if values else (wgmma,)
 
   @plgpu.inline_mgpu(arg_types=arg_types, return_type=out)
@@ -165,7 +167,7 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
     const = lambda v: arith.constant(i32, v)
     constants = [part_constants(p, magic_exponents) for p in range(4)]
     magic = [mgpu.utils.bitcast(const(0x10001 * c[2]), half2) for c in constants]
-    parts = [np.empty_like(codes.registers) for _ in range(4)]
+    registers = {part: np.empty_like(codes.registers) for part in parts}
     indices = codes.layout.thread_idxs(codes.shape)
     for (idx, reg), (row, col) in zip(np.ndenumerate(codes.registers), indices):
       pair = arith.extui(i32, mgpu.utils.bitcast(reg, i16))
@@ -173,7 +175,7 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
       spread = llvm.inline_asm(i32, [pair], f"prmt.b32 $0, $1, {high}, 0x4140;", "=r,r")
       if values:
         window = arith.divui(row, arith.constant(ir.IndexType.get(), WINDOW))
-      for part in range(4):
+      for part in parts:
         mask, exponent, _ = constants[part]
         bits = arith.andi(spread, const(0x10001 * mask))
         if exponent:
@@ -189,8 +191,9 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
             x = llvm.inline_asm(half2, [x, scale, minimum], "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
           else:
             x = mlir_math.fma(x, scale, minimum)
-        parts[part][idx] = x
-    return tuple(mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None) for r in parts)
+        registers[part][idx] = x
+    return tuple(mgpu.FragmentedArray(_registers=registers[p], _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+                 for p in parts)
 
   return unpack(codes, scale_ref, minimum_ref) if values else unpack(codes)
 
@@ -237,7 +240,8 @@ def _f16_bits(x: float) -> int:
 def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits: int, interpret=None,
                 fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
                 auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True,
-                defer_values_wgmma: bool = False, first_window=None, steps: int | None = None):
+                defer_values_wgmma: bool = False, values_by_part: bool = False, first_window=None,
+                steps: int | None = None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -250,7 +254,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   before it: the key parts, which wgmma reads from registers, then live for less time; untimed);
   `defer_values_wgmma`: O^T accumulates in place in a wgmma accumulator and a step's V wgmma is waited for
   in the next step, after its key wgmma is issued and its values dequantized (double-buffered V and P;
-  untimed; not in the interpret mode, which cannot store to an accumulator).
+  untimed; not in the interpret mode, which cannot store to an accumulator); `values_by_part`: each part of
+  the values stored before the next is unpacked (8 registers live, not 32; untimed).
 
   A range of the pool (a layer's windows in a cache shared by layers): `first_window`, an int32 [32] array
   whose element 0 is the range's first window (data), and `steps`, each split's 64-token steps (static);
@@ -324,10 +329,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
     def dequantize_values(vc_s, vs_s, vm_s, v_s):  # into v_s [64 tokens, 128 channels] f16
       if fast:
-        parts = _unpacked_parts(plgpu.load(vc_s, layout=layout.WGMMA), vs_s, vm_s, ptx_fma=ptx_fma,
-                                magic_exponents=magic)
+        codes = plgpu.load(vc_s, layout=layout.WGMMA)
+        unpack = functools.partial(_unpacked_parts, codes, vs_s, vm_s, ptx_fma=ptx_fma, magic_exponents=magic)
+        parts = [] if values_by_part else unpack()
         for part in range(4):
-          v_s[:, pl.ds(WINDOW * part, WINDOW)] = parts[part]
+          value = unpack(parts=(part,))[0] if values_by_part else parts[part]
+          v_s[:, pl.ds(WINDOW * part, WINDOW)] = value
         return
       codes = plgpu.load(vc_s, layout=layout.WGMMA_UPCAST_2X)
       for part in range(4):
@@ -480,7 +487,13 @@ def range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, c
 @functools.partial(jax.jit, static_argnames=("splits", "interpret", "options"))
 def attend(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, interpret=None, options=()):
   """q [N, G, H] -> [N, G, H] f32 over one INT2 pool: the kernel, then the merge of its partials.
-  `options`: (name, value) pairs of `int2_decode`'s keywords."""
-  o_t, m, l = int2_decode(q, k_codes, k_scale, key_bias(q, k_min), v_codes, v_scale, v_min,
-                          splits=splits, interpret=interpret, **dict(options))
+  `options`: (name, value) pairs of `int2_decode`'s keywords. Splits that do not divide the pool's steps
+  read it as a range (the last split's surplus windows masked)."""
+  windows = k_codes.shape[1] // WINDOW
+  if k_codes.shape[1] % (STEP * splits):
+    o_t, m, l = range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, 0, windows, windows=windows,
+                               splits=splits, interpret=interpret, **dict(options))
+  else:
+    o_t, m, l = int2_decode(q, k_codes, k_scale, key_bias(q, k_min), v_codes, v_scale, v_min,
+                            splits=splits, interpret=interpret, **dict(options))
   return merge(o_t, m, l, q.shape[1])

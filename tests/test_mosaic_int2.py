@@ -35,6 +35,7 @@ def random_case(seed, pairs, tokens, groups):
     (0, 3, 256, 7, 2),  # Qwen2-7B's GQA group, two splits of two steps
     (1, 2, 128, 8, 1),  # a full 8-head group, one split
     (2, 1, 192, 1, 3),  # one query head, three splits of one step
+    (7, 2, 320, 7, 2),  # 5 steps over 2 splits: read as a range, the surplus windows masked
 ])
 def test_matches_dequantize_then_attend(interpret, seed, pairs, tokens, groups, splits):
   case = random_case(seed, pairs, tokens, groups)
@@ -75,7 +76,7 @@ def test_splits_and_window_parities_merge(interpret):
 
 @pytest.mark.parametrize("options", [dict(fast_unpack=False), dict(), dict(magic_exponents=True),
                                      dict(overlap_values=False), dict(ptx_fma=False, auto_barriers=True),
-                                     dict(defer_values_wgmma=True), dict(ranged=True)])
+                                     dict(defer_values_wgmma=True), dict(values_by_part=True), dict(ranged=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
   import jax
