@@ -240,8 +240,8 @@ def _f16_bits(x: float) -> int:
 def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits: int, interpret=None,
                 fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
                 auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True,
-                defer_values_wgmma: bool = False, values_by_part: bool = False, first_window=None,
-                steps: int | None = None):
+                defer_values_wgmma: bool = False, values_by_part: bool = False, keys_in_smem: bool = False,
+                first_window=None, steps: int | None = None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -255,7 +255,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   `defer_values_wgmma`: O^T accumulates in place in a wgmma accumulator and a step's V wgmma is waited for
   in the next step, after its key wgmma is issued and its values dequantized (double-buffered V and P;
   untimed; not in the interpret mode, which cannot store to an accumulator); `values_by_part`: each part of
-  the values stored before the next is unpacked (8 registers live, not 32; untimed).
+  the values stored before the next is unpacked (8 registers live, not 32; untimed); `keys_in_smem`: the
+  unpacked keys go through shared memory, a part at a time, to one wgmma with A read from there (the
+  register operand's 32 registers stay live until the wgmma is waited for; untimed).
 
   A range of the pool (a layer's windows in a cache shared by layers): `first_window`, an int32 [32] array
   whose element 0 is the range's first window (data), and `steps`, each split's 64-token steps (static);
@@ -320,12 +322,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                                               layout=layout.WGMMA.reduce(0)), (STEP, WINDOW), [1]) for w in range(2)]
       return jnp.where(token < WINDOW, rows[0], rows[1])
 
-    def unpacked_keys(kc_s):
+    def unpacked_keys(kc_s, parts=(0, 1, 2, 3)):  # parts of the keys' codes, f16 [64, 32] (4^p c; c with `magic`)
       if fast:
-        return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), magic_exponents=magic)
+        return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), magic_exponents=magic, parts=parts)
       codes = plgpu.load(kc_s, layout=layout.WGMMA_UPCAST_2X)
       return [plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
-              for part in range(4)]
+              for part in parts]
 
     def dequantize_values(vc_s, vs_s, vm_s, v_s):  # into v_s [64 tokens, 128 channels] f16
       if fast:
@@ -352,18 +354,29 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         bq_s[...] = (q.astype(jnp.float32) * per_column(ks_s)).astype(jnp.float16)
       plgpu.commit_smem()
 
-      def scores(s_acc):
+      def scores(s_acc, k_s=None):
         if not overlap_values:
           dequantize_values(vc_s, vs_s, vm_s, v_s)
-        keys = unpacked_keys(kc_s)
-        for part in range(4):
-          plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(WINDOW * part, WINDOW)])
+        if k_s is not None:  # `keys_in_smem`
+          for part in range(4):  # stored a part at a time: 8 registers live
+            k_s[:, pl.ds(WINDOW * part, WINDOW)] = unpacked_keys(kc_s, (part,))[0]
+          plgpu.commit_smem()
+          plgpu.wgmma(s_acc, k_s, bq_s)
+        else:
+          keys = unpacked_keys(kc_s)
+          for part in range(4):
+            plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(WINDOW * part, WINDOW)])
         if overlap_values:
           dequantize_values(vc_s, vs_s, vm_s, v_s)  # while the tensor cores work on the scores
         plgpu.wgmma_wait(0)  # with `defer`, also the previous step's V wgmma
         return s_acc[...]
 
-      s = pl.run_scoped(scores, plgpu.ACC((STEP, COLUMNS), jnp.float32))
+      accumulator = plgpu.ACC((STEP, COLUMNS), jnp.float32)
+      if keys_in_smem:  # a scope of its own: registers and shared memory cannot share one
+        s = pl.run_scoped(lambda k_s: pl.run_scoped(lambda acc: scores(acc, k_s), accumulator),
+                          smem((STEP, HEAD_DIM), jnp.float16, 32))
+      else:
+        s = pl.run_scoped(scores, accumulator)
       bias = plgpu.load(kb_s.at[0, pl.ds(0, COLUMNS)], layout=layout.WGMMA.reduce(0))
       s = jnp.where(own_window, s + lax.broadcast_in_dim(bias, s.shape, [1]), _NEG)
       m_new = jnp.maximum(m_run, s.max(axis=0))

@@ -45,10 +45,12 @@ def test_matches_dequantize_then_attend(interpret, seed, pairs, tokens, groups, 
   np.testing.assert_allclose(out, want, atol=2e-3, rtol=0)
 
 
-def test_values_first_matches(interpret):
-  """Dequantizing the values before the score wgmma (`overlap_values=False`) computes the same."""
+@pytest.mark.parametrize("option", ["overlap_values", "keys_in_smem"])
+def test_orderings_match(interpret, option):
+  """The values dequantized before the score wgmma, or the keys through shared memory, compute the same."""
   case = random_case(4, 2, 128, 7)
-  out = np.asarray(mi.attend(*case, splits=1, interpret=interpret, options=(("overlap_values", False),)))
+  value = option != "overlap_values"
+  out = np.asarray(mi.attend(*case, splits=1, interpret=interpret, options=((option, value),)))
   np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
 
 
@@ -76,7 +78,8 @@ def test_splits_and_window_parities_merge(interpret):
 
 @pytest.mark.parametrize("options", [dict(fast_unpack=False), dict(), dict(magic_exponents=True),
                                      dict(overlap_values=False), dict(ptx_fma=False, auto_barriers=True),
-                                     dict(defer_values_wgmma=True), dict(values_by_part=True), dict(ranged=True)])
+                                     dict(defer_values_wgmma=True), dict(values_by_part=True),
+                                     dict(keys_in_smem=True), dict(ranged=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
   import jax
