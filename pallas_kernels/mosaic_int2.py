@@ -256,8 +256,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   in the next step, after its key wgmma is issued and its values dequantized (double-buffered V and P;
   untimed; not in the interpret mode, which cannot store to an accumulator); `values_by_part`: each part of
   the values stored before the next is unpacked (8 registers live, not 32; untimed); `keys_in_smem`: the
-  unpacked keys go through shared memory, a part at a time, to one wgmma with A read from there (the
-  register operand's 32 registers stay live until the wgmma is waited for; untimed).
+  unpacked keys go through shared memory, a part at a time, to one wgmma with A read from there, instead of
+  a register operand whose 32 registers stay live until the wgmma is waited for (untimed).
 
   A range of the pool (a layer's windows in a cache shared by layers): `first_window`, an int32 [32] array
   whose element 0 is the range's first window (data), and `steps`, each split's 64-token steps (static);
@@ -273,7 +273,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError(f"codes {k_codes.shape}: need [N, T, {HEAD_DIM // 4}] with T a multiple of {STEP} x splits")
   if ranged:
     if steps is None or k_bias.shape[1] != steps * splits:
-      raise ValueError(f"a range needs `steps`, and a bias of splits x steps = {k_bias.shape[1]} rows")
+      raise ValueError(f"a range needs `steps`, and a bias of splits x steps rows (got steps={steps}, "
+                       f"a bias of {k_bias.shape[1]} rows)")
   else:
     first_window = jnp.zeros((32,), jnp.int32)  # unused
     steps = tokens // STEP // splits

@@ -84,6 +84,7 @@ def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
   import jax
   shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in random_case(0, 4, 512, 7)]
+  options = dict(options)  # the parameter itself stays as given
   if options.pop("ranged", False):
     lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.range_partials(
         q, kc, ks, km, vc, vs, vm, 3, 9, windows=12, splits=2, **options))
