@@ -40,7 +40,8 @@ VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
     "magic": dict(magic_exponents=True),  # per-part magic exponents: no 4^-p anywhere (untimed, s20)
     "values_first": dict(overlap_values=False),  # fewer live registers, no overlap (untimed, s20)
     "magic_values_first": dict(magic_exponents=True, overlap_values=False),
-    "deferred": dict(defer_values_wgmma=True),  # the V wgmma waited for in the next step (untimed, s20)
+    "deferred": dict(defer_values_wgmma=True),  # the V wgmma waited for in the next step (fastest, s21)
+    "deferred_values_first": dict(defer_values_wgmma=True, overlap_values=False),  # the two best of s21
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
 }

@@ -142,6 +142,11 @@ class DecodeConfig:
   # "pallas:mosaic_int2" (registration.py) turns it on.
   int2_mosaic: bool = False
   mosaic_programs_per_multiprocessor: int = 3  # its 148 registers a thread leave room for three
+  # `mosaic_int2.int2_decode` keywords, as (name, value) pairs: the fastest variant (H200, 2026-12-04,
+  # `mosaic_int2_s21_run2_h200.md`, 32k tokens), the V wgmma waited for in the next step and the values
+  # dequantized before the key wgmma: 578 µs against 637 (`fast`) and Triton's 645 at batch 60, 317 against
+  # 351 and 345 at batch 32, 94 against 98 and 101 at batch 8.
+  mosaic_options: tuple = (("defer_values_wgmma", True), ("overlap_values", False))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -654,18 +659,31 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, gp: 
   n = b * kh
   q = qg.reshape(n, g, h).astype(jnp.float32) * (q_scale * _LOG2E)
   flat = lambda x: x.reshape(n, *x.shape[2:])
-  steps = max(1, -(-windows // 2))
-  slots = _multiprocessors(config) * config.mosaic_programs_per_multiprocessor
-  splits = max(1, min(steps, round(slots / n)))
+  splits = mosaic_splits(n, max(1, -(-windows // 2)), config)
   o_t, m, l = mosaic_int2.range_partials(
       q, flat(kp.data), flat(kp.scale), flat(kp.minimum), flat(vp.data), flat(vp.scale), flat(vp.minimum),
       first, count, windows=windows, splits=splits,
-      interpret=mosaic_int2.interpret_params() if interpret else None)
+      interpret=mosaic_int2.interpret_params() if interpret else None, **dict(config.mosaic_options))
   half = mosaic_int2.COLUMNS // 2  # [n, J, H, 16]: column c is head c % 8 of window parity c // 8
   o = jnp.swapaxes(o_t, 2, 3).reshape(b, kh, 2 * splits, half, h)
   m, l = (x.reshape(b, kh, 2 * splits, half) for x in (m, l))
   rows = ((0, 0),) * 3 + ((0, gp - half),)
   return (jnp.pad(o, rows + ((0, 0),)), jnp.pad(m, rows, constant_values=_NEG), jnp.pad(l, rows))
+
+
+def mosaic_splits(pairs: int, steps: int, config: DecodeConfig) -> int:
+  """Splits of each (request, KV head) pair's `steps` 64-token steps for the Mosaic INT2 launch: one wave
+  of programs where the pairs leave room for 8 splits or more, else at least 8 splits, raised until the
+  last wave is at least half full. Measured (H200, 32k tokens, `mosaic_int2_s21_run2_h200.md`): batch 8
+  12 splits (one wave) 94 µs, 8 splits 101; batch 32 8 splits (2.6 waves) 317 µs, 3 (one wave) 325;
+  batch 60 8 splits 578 µs, 12 583, 3 632: many short programs end together, few long ones do not."""
+  slots = _multiprocessors(config) * config.mosaic_programs_per_multiprocessor
+  limit = max(1, min(steps, 64))
+  for j in range(min(max(8, slots // pairs), limit), limit + 1):
+    programs = pairs * j
+    if programs <= slots or programs % slots == 0 or programs % slots >= slots // 2:
+      return j
+  return limit
 
 
 def int4_launch_pays(config: DecodeConfig, int4_tokens: int) -> bool:

@@ -79,7 +79,8 @@ def test_splits_and_window_parities_merge(interpret):
 @pytest.mark.parametrize("options", [dict(fast_unpack=False), dict(), dict(magic_exponents=True),
                                      dict(overlap_values=False), dict(ptx_fma=False, auto_barriers=True),
                                      dict(defer_values_wgmma=True), dict(values_by_part=True),
-                                     dict(keys_in_smem=True), dict(ranged=True)])
+                                     dict(keys_in_smem=True), dict(ranged=True),
+                                     dict(ranged=True, defer_values_wgmma=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
   import jax

@@ -134,6 +134,21 @@ def test_split_count_fills_whole_waves(batch, tokens):
   assert programs / (waves * slots) >= 0.9 or waves == 1, (j, programs)
 
 
+@pytest.mark.parametrize("batch,steps", [(8, 256), (60, 256), (32, 154), (1, 154), (1, 3), (20, 9)])
+def test_mosaic_split_count_weighs_waves(batch, steps):
+  """The Mosaic INT2 launch's splits: never more than the steps, and never a last wave under half full
+  where fewer or more splits would fill it (batch 60 once got 2 splits: 480 programs on 396 slots)."""
+  cfg = qd.DecodeConfig(multiprocessors=132)
+  slots = 132 * cfg.mosaic_programs_per_multiprocessor
+  j = qd.mosaic_splits(batch * 4, steps, cfg)
+  assert 1 <= j <= steps
+  programs = batch * 4 * j
+  waves = -(-programs // slots)
+  assert waves == 1 or programs - (waves - 1) * slots >= slots // 2, (j, programs)
+  if batch * 4 < slots and steps >= slots:  # a single wave with room left is filled
+    assert programs > slots // 2, (j, programs)
+
+
 def test_registered_as_pallas_on_a_bf16_cache():
   """decode_attention(implementation="pallas") with the default tiling, on bf16 codes built by OR-ing
   into 128.0 (exact), so only the bf16 rounding of q s and p separates it from the float32 reference."""
