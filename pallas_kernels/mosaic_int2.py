@@ -115,22 +115,28 @@ def query_operands(q: jax.Array, part_scaled: bool = True) -> jax.Array:
   return (qt * part_scale[None, :, None]).astype(jnp.float16)
 
 
-def key_bias(q: jax.Array, k_min: jax.Array, first=None, count=None, windows: int | None = None) -> jax.Array:
-  """q [N, G, H] . key minimums [N, W, H] -> [N, W/2, 32] f32: a step's two windows' 8 columns each, then
-  16 zeros (a TMA copy moves a multiple of 128 bytes).
-
-  Over a range (data `first` and `count`, static `windows` >= count, even): windows first ... first +
-  windows - 1, those from `count` on (and past the pool) -1e30, so that they weigh nothing.
-  """
-  n, g, _ = q.shape
-  if first is not None:
-    index = first + jnp.arange(windows)
-    k_min = jnp.take(k_min, index, axis=1, mode="fill", fill_value=0)
+def key_bias(q: jax.Array, k_min: jax.Array) -> jax.Array:
+  """q [N, G, H] . key minimums [N, W, H] -> [N, W, 16] f32: a row a window, its G heads' biases in columns
+  0 ... 7 and again in 8 ... 15 (a step takes columns 0-7 of its first window's row and 8-15 of its
+  second's; two rows move as one 128-byte TMA copy)."""
+  g = q.shape[1]
   bias = jnp.einsum("ngh,nwh->nwg", q.astype(jnp.float32), k_min.astype(jnp.float32))
-  if first is not None:
-    bias = jnp.where((jnp.arange(windows) < count)[None, :, None], bias, _NEG)
-  bias = jnp.pad(bias, ((0, 0), (0, 0), (0, COLUMNS // 2 - g))).reshape(n, -1, COLUMNS)
-  return jnp.pad(bias, ((0, 0), (0, 0), (0, COLUMNS)))
+  bias = jnp.pad(bias, ((0, 0), (0, 0), (0, COLUMNS // 2 - g)))
+  return jnp.concatenate([bias, bias], axis=2)
+
+
+def range_bias(q: jax.Array, k_min: jax.Array, first, count, windows: int) -> tuple[jax.Array, jax.Array]:
+  """`key_bias` over a layer's range [first, first + count) of a pool (data; `windows` >= count, static):
+  the biases of `windows` windows from `first` moved back where they would run off the pool (an in-bounds
+  slice, no gather), windows outside the range -1e30, then two rows of -1e30 (the second window of an odd
+  count's last step). Returns the bias and the row of window `first` in it."""
+  pool = k_min.shape[1]
+  windows = min(windows, pool)
+  start = jnp.clip(first, 0, pool - windows)
+  index = start + jnp.arange(windows)
+  bias = key_bias(q, lax.dynamic_slice_in_dim(k_min, start, windows, axis=1))
+  bias = jnp.where(((index >= first) & (index < first + count))[None, :, None], bias, _NEG)
+  return jnp.pad(bias, ((0, 0), (0, 2), (0, 0)), constant_values=_NEG), first - start
 
 
 def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic_exponents=False,
@@ -241,7 +247,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
                 auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True,
                 defer_values_wgmma: bool = False, values_by_part: bool = False, keys_in_smem: bool = False,
-                first_window=None, steps: int | None = None):
+                range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -259,25 +265,24 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   unpacked keys go through shared memory, a part at a time, to one wgmma with A read from there, instead of
   a register operand whose 32 registers stay live until the wgmma is waited for (untimed).
 
-  A range of the pool (a layer's windows in a cache shared by layers): `first_window`, an int32 [32] array
-  whose element 0 is the range's first window (data), and `steps`, each split's 64-token steps (static);
-  split j reads windows first + 2 steps j ... Windows past the range must carry a bias of -1e30 (`key_bias`
-  with `count`), and those past the pool are read as zeros (TMA fills them).
+  A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
+  int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
+  window in k_bias (`range_bias`). Each split reads ceil(ceil(count / 2) / splits) steps or what is left
+  (a dynamic trip count: no step past the count is read); windows past the count in a step carry a bias of
+  -1e30, and those past the pool are read as zeros (TMA fills them).
   """
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
 
   n, tokens, packed = k_codes.shape
-  ranged = first_window is not None
+  ranged = range_params is not None
   if packed * 4 != HEAD_DIM or (not ranged and tokens % (STEP * splits)):
     raise ValueError(f"codes {k_codes.shape}: need [N, T, {HEAD_DIM // 4}] with T a multiple of {STEP} x splits")
-  if ranged:
-    if steps is None or k_bias.shape[1] != steps * splits:
-      raise ValueError(f"a range needs `steps`, and a bias of splits x steps rows (got steps={steps}, "
-                       f"a bias of {k_bias.shape[1]} rows)")
-  else:
-    first_window = jnp.zeros((32,), jnp.int32)  # unused
-    steps = tokens // STEP // splits
+  if k_bias.shape[2] != COLUMNS or (not ranged and k_bias.shape[1] != tokens // WINDOW):
+    raise ValueError(f"a bias [N, windows, {COLUMNS}] from key_bias (range_bias for a range), got {k_bias.shape}")
+  if not ranged:
+    range_params = jnp.zeros((32,), jnp.int32)  # unused
+  steps = tokens // STEP // splits  # static, where not ranged
   layout = plgpu.Layout
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
   magic = fast and magic_exponents
@@ -293,14 +298,21 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   def smem(shape, dtype, row_bytes=None):
     return plgpu.SMEM(shape, dtype, transforms=swizzled(row_bytes, dtype) if row_bytes else ())
 
-  def kernel(first_g, qt_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_slots, p_slots, bar):
+  def kernel(range_g, qt_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_slots, p_slots, bar):
     pair, split = lax.axis_index("pair"), lax.axis_index("split")
 
-    def load_first(first_s):  # the range's first window, through shared memory (a TMA moves >= 128 bytes)
-      plgpu.copy_gmem_to_smem(first_g, first_s, bar.at[0])
+    def load_range(range_s):  # first window, count, bias row: through shared memory (a TMA moves >= 128 B)
+      plgpu.copy_gmem_to_smem(range_g, range_s, bar.at[0])
       plgpu.barrier_wait(bar.at[0])
-      return first_s[0]
-    start = pl.run_scoped(load_first, smem((32,), jnp.int32)) if ranged else 0
+      return range_s[0], range_s[1], range_s[2]
+    if ranged:
+      start, count, bias_row = pl.run_scoped(load_range, smem((32,), jnp.int32))
+      total = (count + 1) // 2
+      per_split = (total + splits - 1) // splits
+      begin = split * per_split
+      my_steps = jnp.clip(total - begin, 0, per_split)
+    else:
+      begin, my_steps = split * steps, steps
 
     def load_query(qt_s):  # scoped: its shared memory goes back to the pipeline's buffers
       plgpu.copy_gmem_to_smem(qt_g.at[pair], qt_s, bar.at[0])
@@ -310,7 +322,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
     col = plgpu.broadcasted_iota(jnp.int32, (HEAD_DIM, COLUMNS), 1, layout=layout.WGMMA)
     row = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 0, layout=layout.WGMMA)
-    own_window = (row < WINDOW) == (plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 1, layout=layout.WGMMA) < 8)
+    first_half = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 1, layout=layout.WGMMA) < COLUMNS // 2
+    own_window = (row < WINDOW) == first_half
     token = plgpu.broadcasted_iota(jnp.int32, (STEP, WINDOW), 0, layout=layout.WGMMA)
 
     def per_column(ref):  # [2, H] -> [H, 16]: column c takes window c // 8's row
@@ -378,8 +391,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                           smem((STEP, HEAD_DIM), jnp.float16, 32))
       else:
         s = pl.run_scoped(scores, accumulator)
-      bias = plgpu.load(kb_s.at[0, pl.ds(0, COLUMNS)], layout=layout.WGMMA.reduce(0))
-      s = jnp.where(own_window, s + lax.broadcast_in_dim(bias, s.shape, [1]), _NEG)
+      bias = [lax.broadcast_in_dim(plgpu.load(kb_s.at[w], layout=layout.WGMMA.reduce(0)), s.shape, [1])
+              for w in range(2)]  # columns 0-7 from the first window's row, 8-15 from the second's
+      s = jnp.where(own_window, s + jnp.where(first_half, bias[0], bias[1]), _NEG)
       m_new = jnp.maximum(m_run, s.max(axis=0))
       alpha = jnp.exp2(m_run - m_new)
       p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
@@ -408,19 +422,19 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       init = (None if defer else plgpu.layout_cast(jnp.zeros((HEAD_DIM, COLUMNS), jnp.float32), layout.WGMMA),
               plgpu.layout_cast(jnp.full((COLUMNS,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
               plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
-      first = split * steps
-      if ranged:  # element offsets: the range may start at an odd window
+      if ranged:  # element offsets: the range may start at an odd window; a dynamic trip count
         codes = lambda: plgpu.BlockSpec((pl.Element(STEP), HEAD_DIM // 4),
-                                        lambda s: (WINDOW * start + STEP * (first + s), 0),
+                                        lambda s: (WINDOW * start + STEP * (begin + s), 0),
                                         transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
-        metadata = lambda: plgpu.BlockSpec((pl.Element(2), HEAD_DIM), lambda s: (start + 2 * (first + s), 0))
+        metadata = lambda: plgpu.BlockSpec((pl.Element(2), HEAD_DIM), lambda s: (start + 2 * (begin + s), 0))
+        bias = plgpu.BlockSpec((pl.Element(2), COLUMNS), lambda s: (bias_row + 2 * (begin + s), 0))
       else:
-        codes = lambda: plgpu.BlockSpec((STEP, HEAD_DIM // 4), lambda s: (first + s, 0),
+        codes = lambda: plgpu.BlockSpec((STEP, HEAD_DIM // 4), lambda s: (begin + s, 0),
                                         transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
-        metadata = lambda: plgpu.BlockSpec((2, HEAD_DIM), lambda s: (first + s, 0))
-      bias = plgpu.BlockSpec((1, 2 * COLUMNS), lambda s: (first + s, 0))
+        metadata = lambda: plgpu.BlockSpec((2, HEAD_DIM), lambda s: (begin + s, 0))
+        bias = plgpu.BlockSpec((2, COLUMNS), lambda s: (begin + s, 0))
       pipeline = plgpu.emit_pipeline(
-          step, grid=(steps,), max_concurrent_steps=stages, init_carry=init,
+          step, grid=(my_steps,), max_concurrent_steps=stages, init_carry=init,
           in_specs=[codes(), metadata(), bias, codes(), metadata(), metadata()])
       acc, m_run, l_rows = pipeline(*(x.at[pair] for x in (kc_g, ks_g, kb_g, vc_g, vs_g, vm_g)))
       if defer:
@@ -456,7 +470,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane,
                                            approx_math=approx_math, unsafe_no_auto_barriers=not auto_barriers),
       interpret=interpret)
-  return call(first_window, qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min)
+  return call(range_params, qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min)
 
 
 def merge(o_t, m, l, groups: int) -> jax.Array:
@@ -488,14 +502,13 @@ def reference(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min) -> np.ndarray
 def range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, count, *, windows: int,
                    splits: int, interpret=None, **options):
   """Partials (`int2_decode`'s o_t, m, l) over windows first ... first + count - 1 of a pool (a layer's range
-  in a cache shared by layers; first and count data, `windows` >= count static): each split reads
-  ceil(windows / 2 / splits) steps."""
-  steps = -(-windows // (2 * splits))
+  in a cache shared by layers; first and count data, `windows` >= count static, the bias's size): the
+  splits share ceil(count / 2) steps, whatever the bound."""
   first = jnp.asarray(first, jnp.int32)
-  bias = key_bias(q, k_min, first, count, 2 * steps * splits)
-  first_window = jnp.zeros((32,), jnp.int32).at[0].set(first)
+  bias, bias_row = range_bias(q, k_min, first, count, windows)
+  params = jnp.zeros((32,), jnp.int32).at[:3].set(jnp.stack([first, jnp.asarray(count, jnp.int32), bias_row]))
   return int2_decode(q, k_codes, k_scale, bias, v_codes, v_scale, v_min, splits=splits, interpret=interpret,
-                     first_window=first_window, steps=steps, **options)
+                     range_params=params, **options)
 
 
 @functools.partial(jax.jit, static_argnames=("splits", "interpret", "options"))
