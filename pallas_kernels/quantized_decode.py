@@ -593,9 +593,13 @@ def quantized_decode(
   `rest_layer`, rest_k and rest_v are every layer's and the kernel reads
   layer `rest_layer`'s rows in place.
   """
-  o, m, l = partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
-                              window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
-                              config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
+  args = (qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len)
+  options = dict(window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens, config=config,
+                 q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
+  if _mosaic_pool(qg, k_pools, v_pools, window_size, config) is not None and not config.fused_combine:
+    # Two sets of partials (of 16 and 8 rows) merged where they lie: no concatenation, no padding.
+    return combine_sets(_partial_softmax_sets(*args, **options), qg.shape[2])
+  o, m, l = partial_softmaxes(*args, **options)
   if config.fused_combine:
     return combine_kernel(o, m, l, qg.shape[2], splits_a_step=config.combine_splits_a_step, interpret=interpret)
   # Slicing o, m and l to G rows before the combine made it 1.7 us slower at batch 1 x 1k (H200).
@@ -609,6 +613,37 @@ def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, res
   """`quantized_decode` up to its launches: the splits' and phases' unnormalized outputs
   o [B, K, J', Gp, H] and their m (running maxima of the scores in base 2), l [B, K, J', Gp], for
   `combine_splits`."""
+  if _mosaic_pool(qg, k_pools, v_pools, window_size, config) is None:
+    return _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+                                 window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
+                                 config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)[0]
+  gp = max(16, 1 << (qg.shape[2] - 1).bit_length())
+  triton, (o, m, l) = _partial_softmax_sets(
+      qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window_size,
+      tokens_hint=tokens_hint, pool_tokens=pool_tokens, config=config, q_scale=q_scale, rest_layer=rest_layer,
+      interpret=interpret)
+  rows = ((0, 0),) * 3 + ((0, gp - m.shape[3]),)  # the Mosaic set's rows padded to the Triton launch's
+  mosaic = (jnp.pad(o, rows + ((0, 0),)), jnp.pad(m, rows, constant_values=_NEG), jnp.pad(l, rows))
+  return tuple(jnp.concatenate(x, axis=2) for x in zip(triton, mosaic))
+
+
+def _mosaic_pool(qg, k_pools, v_pools, window_size: int, config: DecodeConfig) -> int | None:
+  """The index of the pool that `mosaic_int2.py` serves under `config`, if any."""
+  if not config.int2_mosaic:
+    return None
+  g, h = qg.shape[2:]
+  for i, kp in enumerate(k_pools):
+    if kp is not None and kp.data.shape[2] > 0 and mosaic_serves(kp, v_pools[i], g, h, window_size):
+      return i
+  return None
+
+
+def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, *, window_size: int,
+                          tokens_hint: int | None = None, pool_tokens: tuple[int, ...] | None = None,
+                          config: DecodeConfig = DecodeConfig(), q_scale: float = 1.0, rest_layer=None,
+                          interpret: bool = False) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
+  """`partial_softmaxes` as a list of sets: the Triton launches' (one set, Gp rows), then the Mosaic
+  launch's where it serves a pool (its own 8 rows)."""
   b, kh, g, h = qg.shape
   gp = max(16, 1 << (g - 1).bit_length())
   present = [i for i, kp in enumerate(k_pools) if kp is not None and kp.data.shape[2] > 0]
@@ -620,25 +655,23 @@ def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, res
   layer = jnp.zeros((1,), jnp.int32) if rest_layer is None else jnp.reshape(rest_layer, (1,)).astype(jnp.int32)
   launch = functools.partial(_launch, q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, layer,
                              window_size=window_size, q_scale=q_scale, interpret=interpret)
-  mosaic = [i for i in present if config.int2_mosaic and mosaic_serves(k_pools[i], v_pools[i], g, h, window_size)]
-  if mosaic:  # that pool in a Mosaic GPU launch, the others as configured
-    (i,) = mosaic
+  i = _mosaic_pool(qg, k_pools, v_pools, window_size, config)
+  if i is not None:  # that pool in a Mosaic GPU launch, the others as configured
     others = tuple(None if j == i else p for j, p in enumerate(k_pools))
-    parts = [partial_softmaxes(qg, others, v_pools, offsets, counts, rest_k, rest_v, rest_len,
-                               window_size=window_size, tokens_hint=tokens_hint - pool_tokens[i],
-                               pool_tokens=pool_tokens, config=dataclasses.replace(config, int2_mosaic=False),
-                               q_scale=q_scale, rest_layer=rest_layer, interpret=interpret),
-             _mosaic_int2_partials(qg, k_pools[i], v_pools[i], offsets[i], counts[i], gp,
-                                   windows=pool_tokens[i] // window_size, config=config, q_scale=q_scale,
-                                   interpret=interpret)]
-    return tuple(jnp.concatenate(x, axis=2) for x in zip(*parts))
+    return [partial_softmaxes(qg, others, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+                              window_size=window_size, tokens_hint=tokens_hint - pool_tokens[i],
+                              pool_tokens=pool_tokens, config=dataclasses.replace(config, int2_mosaic=False),
+                              q_scale=q_scale, rest_layer=rest_layer, interpret=interpret),
+            _mosaic_int2_partials(qg, k_pools[i], v_pools[i], offsets[i], counts[i],
+                                  windows=pool_tokens[i] // window_size, config=config, q_scale=q_scale,
+                                  interpret=interpret)]
   int4 = [i for i in present if k_pools[i].bits == 4]
   if int4 and int4_launch_pays(config, b * kh * sum(pool_tokens[i] for i in int4)):
     others = [i for i in present if i not in int4]
     parts = [launch(others, True, tokens_hint - sum(pool_tokens[i] for i in int4), config),
              launch(int4, False, sum(pool_tokens[i] for i in int4), config.int4_launch)]
-    return tuple(jnp.concatenate(x, axis=2) for x in zip(*parts))
-  return launch(present, True, tokens_hint, config)
+    return [tuple(jnp.concatenate(x, axis=2) for x in zip(*parts))]
+  return [launch(present, True, tokens_hint, config)]
 
 
 def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int) -> bool:
@@ -649,11 +682,11 @@ def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int) -
           and window == mosaic_int2.WINDOW and h == mosaic_int2.HEAD_DIM and mosaic_int2.available())
 
 
-def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, gp: int, *, windows: int,
+def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, windows: int,
                           config: DecodeConfig, q_scale: float, interpret: bool):
   """The layer's windows [first, first + count) of an INT2 pool (`windows` >= count, static) through the
-  Mosaic GPU kernel: partial softmaxes o [B, K, J', Gp, H], m and l [B, K, J', Gp] as `_launch`'s (its
-  window parities are two splits each; rows from G on are padding)."""
+  Mosaic GPU kernel: partial softmaxes o [B, K, J', 8, H], m and l [B, K, J', 8] as `_launch`'s but of 8
+  rows (its window parities are two splits each; rows from G on are padding)."""
   from pallas_kernels import mosaic_int2
   b, kh, g, h = qg.shape
   n = b * kh
@@ -667,8 +700,7 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, gp: 
   half = mosaic_int2.COLUMNS // 2  # [n, J, H, 16]: column c is head c % 8 of window parity c // 8
   o = jnp.swapaxes(o_t, 2, 3).reshape(b, kh, 2 * splits, half, h)
   m, l = (x.reshape(b, kh, 2 * splits, half) for x in (m, l))
-  rows = ((0, 0),) * 3 + ((0, gp - half),)
-  return (jnp.pad(o, rows + ((0, 0),)), jnp.pad(m, rows, constant_values=_NEG), jnp.pad(l, rows))
+  return o, m, l
 
 
 def mosaic_splits(pairs: int, steps: int, config: DecodeConfig) -> int:
@@ -773,6 +805,17 @@ def combine_splits(o: Float[Array, "B K J G H"], m: Float[Array, "B K J G"], l: 
   w = jnp.exp2(m - m_max)
   total = jnp.sum(w * l, axis=2)
   out = jnp.sum(w[..., None] * o, axis=2)  # a reduce XLA fuses with the rest, not a batched matmul
+  return out / jnp.where(total > 0, total, 1.0)[..., None]
+
+
+def combine_sets(sets, groups: int) -> jax.Array:
+  """`combine_splits` over several sets of partials (o [B, K, J_i, R_i, H], m and l [B, K, J_i, R_i], R_i >=
+  `groups` rows), each read where it lies, then the first `groups` rows: no concatenated copy."""
+  rows = lambda x: x[:, :, :, :groups]
+  m_max = functools.reduce(jnp.maximum, [jnp.max(rows(m), axis=2, keepdims=True) for _, m, _ in sets])
+  weights = [jnp.exp2(rows(m) - m_max) for _, m, _ in sets]
+  total = sum(jnp.sum(w * rows(l), axis=2) for w, (_, _, l) in zip(weights, sets))
+  out = sum(jnp.sum(w[..., None] * rows(o), axis=2) for w, (o, _, _) in zip(weights, sets))
   return out / jnp.where(total > 0, total, 1.0)[..., None]
 
 

@@ -157,3 +157,9 @@ def test_as_the_int2_phase_of_quantized_decode(interpret):
   want = qd.reference(qg * h ** -0.5, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                       window_size=window)
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=3e-3, rtol=0)
+  # partial_softmaxes (the benchmarks' view): both launches' partials in one array, for combine_splits
+  o, m, l = qd.partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+                                 window_size=window, tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens,
+                                 q_scale=h ** -0.5, config=qd.DecodeConfig(int2_mosaic=True),
+                                 interpret=interpret is not None)
+  np.testing.assert_allclose(np.asarray(qd.combine_splits(o, m, l)[:, :, :g]), np.asarray(out), atol=1e-5, rtol=0)

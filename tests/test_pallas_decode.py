@@ -242,6 +242,27 @@ def test_combine_kernel_matches_combine_splits(parts, group, step):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+def test_combine_sets_matches_combine_splits_of_the_concatenation():
+  """Two sets of partials of 16 and 8 rows (the Triton and Mosaic launches'), merged where they lie, against
+  `combine_splits` over their concatenation padded to 16 rows; a set whose parts are all empty for a row."""
+  b, kh, h, group = 2, 3, 64, 7
+  keys = iter(jax.random.split(jax.random.PRNGKey(3), 8))
+  sets = []
+  for parts, rows in ((5, 16), (6, 8)):
+    o = jax.random.normal(next(keys), (b, kh, parts, rows, h)) * 5
+    m = jax.random.normal(next(keys), (b, kh, parts, rows)) * 4
+    l = jax.random.uniform(next(keys), (b, kh, parts, rows), minval=0.5, maxval=3.0)
+    sets.append((o, m, l))
+  o, m, l = sets[1]
+  sets[1] = (o.at[0].set(0.0), m.at[0].set(qd._NEG), l.at[0].set(0.0))  # request 0: no window in this set
+  pad = ((0, 0),) * 3 + ((0, 8),)
+  padded = (jnp.pad(sets[1][0], pad + ((0, 0),)), jnp.pad(sets[1][1], pad, constant_values=qd._NEG),
+            jnp.pad(sets[1][2], pad))
+  want = qd.combine_splits(*(jnp.concatenate(x, axis=2) for x in zip(sets[0], padded)))[:, :, :group]
+  got = qd.combine_sets(sets, group)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
 def test_fused_combine_through_the_kernel():
   check_case(21, batch=3, kv_heads=2, group=7, head_dim=128, config=dataclasses.replace(TILED, fused_combine=True))
 
