@@ -20,10 +20,12 @@ Values are dequantized in registers (scale and minimum per window and channel), 
 [64 tokens, 128 channels] f16, and O^T [128, 16] += V^T P with V^T read transposed by wgmma and P [64, 16]
 from the softmax, through shared memory.
 
-Status (H200, session 20, `benchmarks/mosaic_int2_bench.py`): batch 60 x 32k tokens of INT2 635 µs against
-the Triton kernel's 646, batch 8 105 against 101 (`results/decode_attention_notes.md`). In the registered
-path as `"pallas:mosaic_int2"` (`DecodeConfig.int2_mosaic`): a layer's range of the INT2 pool
-(`range_partials`) in a launch of its own, merged with the Triton launches' partials; untimed that way.
+Status (H200, 2026-12-04, `benchmarks/mosaic_int2_bench.py`, `results/decode_attention_notes.md`): with
+`defer_values_wgmma` and `overlap_values=False`, 32k tokens of INT2 in 578 µs at batch 60 against the
+Triton kernel's 645, 94 against 101 at batch 8. In the registered path as `"pallas:mosaic_int2"`
+(`DecodeConfig.int2_mosaic`): a layer's range of the INT2 pool (`range_partials`: the count of windows is
+data, each split's trip count follows it) in a launch of its own, merged with the Triton launch's
+partials; one layer at batch 8 x 32k, mixed plan, 150 µs against 158.
 
 Layouts: codes [N, T, H/4] uint8 packed "split" style (byte j holds channels j, j + 32, j + 64, j + 96 at
 bits 0, 2, 4, 6), scales and minimums [N, T/32, H] f16, N = batch * KV heads. Scores are base 2 (q carries

@@ -138,8 +138,9 @@ class DecodeConfig:
   combine_splits_a_step: int = 8  # partial softmaxes the combine kernel merges a loop step
   # The INT2 pool (window-wise key and value scales, window 32, head dim 128, G <= 8) in a launch of
   # `mosaic_int2.py`'s Mosaic GPU kernel (JAX >= 0.11), merged with the other launches' partials by the
-  # combine. Off: at 32k tokens it matches the Triton kernel (H200, 2026-12-04); the variant
-  # "pallas:mosaic_int2" (registration.py) turns it on.
+  # combine. Off until timed in the 7B step: one layer at batch 8 x 32k (H200, 2026-12-04) it is 1.06 x the
+  # Triton kernel on the mixed plan and 1.14 x on INT2, but the step (before its range followed the count)
+  # was slower; the variant "pallas:mosaic_int2" (registration.py) turns it on.
   int2_mosaic: bool = False
   mosaic_programs_per_multiprocessor: int = 3  # its 148 registers a thread leave room for three
   # `mosaic_int2.int2_decode` keywords, as (name, value) pairs: the fastest variant (H200, 2026-12-04,
