@@ -594,13 +594,13 @@ def quantized_decode(
   `rest_layer`, rest_k and rest_v are every layer's and the kernel reads
   layer `rest_layer`'s rows in place.
   """
-  args = (qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len)
-  options = dict(window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens, config=config,
-                 q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
-  if _mosaic_pool(qg, k_pools, v_pools, window_size, config) is not None and not config.fused_combine:
-    # Two sets of partials (of 16 and 8 rows) merged where they lie: no concatenation, no padding.
-    return combine_sets(_partial_softmax_sets(*args, **options), qg.shape[2])
-  o, m, l = partial_softmaxes(*args, **options)
+  sets = _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+                               window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
+                               config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
+  if len(sets) > 1 and not config.fused_combine:
+    # The Triton and Mosaic launches' partials (Gp and 8 rows) merged where they lie: no concatenated copy.
+    return combine_sets(sets, qg.shape[2])
+  o, m, l = _concatenated(sets)
   if config.fused_combine:
     return combine_kernel(o, m, l, qg.shape[2], splits_a_step=config.combine_splits_a_step, interpret=interpret)
   # Slicing o, m and l to G rows before the combine made it 1.7 us slower at batch 1 x 1k (H200).
@@ -614,29 +614,22 @@ def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, res
   """`quantized_decode` up to its launches: the splits' and phases' unnormalized outputs
   o [B, K, J', Gp, H] and their m (running maxima of the scores in base 2), l [B, K, J', Gp], for
   `combine_splits`."""
-  if _mosaic_pool(qg, k_pools, v_pools, window_size, config) is None:
-    return _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
-                                 window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
-                                 config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)[0]
-  gp = max(16, 1 << (qg.shape[2] - 1).bit_length())
-  triton, (o, m, l) = _partial_softmax_sets(
+  return _concatenated(_partial_softmax_sets(
       qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window_size,
       tokens_hint=tokens_hint, pool_tokens=pool_tokens, config=config, q_scale=q_scale, rest_layer=rest_layer,
-      interpret=interpret)
-  rows = ((0, 0),) * 3 + ((0, gp - m.shape[3]),)  # the Mosaic set's rows padded to the Triton launch's
-  mosaic = (jnp.pad(o, rows + ((0, 0),)), jnp.pad(m, rows, constant_values=_NEG), jnp.pad(l, rows))
-  return tuple(jnp.concatenate(x, axis=2) for x in zip(triton, mosaic))
+      interpret=interpret))
 
 
-def _mosaic_pool(qg, k_pools, v_pools, window_size: int, config: DecodeConfig) -> int | None:
-  """The index of the pool that `mosaic_int2.py` serves under `config`, if any."""
-  if not config.int2_mosaic:
-    return None
-  g, h = qg.shape[2:]
-  for i, kp in enumerate(k_pools):
-    if kp is not None and kp.data.shape[2] > 0 and mosaic_serves(kp, v_pools[i], g, h, window_size):
-      return i
-  return None
+def _concatenated(sets):
+  """Sets of partials as one (o, m, l) along the splits: later sets' rows padded to the first set's."""
+  if len(sets) == 1:
+    return sets[0]
+  gp = sets[0][1].shape[3]
+  padded = [sets[0]]
+  for o, m, l in sets[1:]:
+    rows = ((0, 0),) * 3 + ((0, gp - m.shape[3]),)
+    padded.append((jnp.pad(o, rows + ((0, 0),)), jnp.pad(m, rows, constant_values=_NEG), jnp.pad(l, rows)))
+  return tuple(jnp.concatenate(x, axis=2) for x in zip(*padded))
 
 
 def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, *, window_size: int,
@@ -656,8 +649,9 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
   layer = jnp.zeros((1,), jnp.int32) if rest_layer is None else jnp.reshape(rest_layer, (1,)).astype(jnp.int32)
   launch = functools.partial(_launch, q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, layer,
                              window_size=window_size, q_scale=q_scale, interpret=interpret)
-  i = _mosaic_pool(qg, k_pools, v_pools, window_size, config)
-  if i is not None:  # that pool in a Mosaic GPU launch, the others as configured
+  mosaic = [i for i in present if config.int2_mosaic and mosaic_serves(k_pools[i], v_pools[i], g, h, window_size)]
+  if mosaic:  # that pool in a Mosaic GPU launch, the others as configured
+    i = mosaic[0]
     others = tuple(None if j == i else p for j, p in enumerate(k_pools))
     return [partial_softmaxes(qg, others, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                               window_size=window_size, tokens_hint=tokens_hint - pool_tokens[i],
