@@ -414,8 +414,9 @@ VARIANTS = {
     # 2026-12-03 17:29: slower at 1 x 100 frames, a tie at 32 x 100; see DecodeConfig.fused_combine)
     "fused_combine": qd.DecodeConfig(fused_combine=True),
     # the INT2 pool through the Mosaic GPU kernel (JAX >= 0.11; pallas_kernels/mosaic_int2.py), the rest as the
-    # default; untimed this way (the kernel alone: mosaic_int2_bench.py, 2026-12-04)
+    # default (2026-12-04 05:18, batch 8 x 32k: 150 µs on the mix against the default's 158)
     "mosaic_int2": qd.DecodeConfig(int2_mosaic=True),
+    "mosaic_int2_bias": qd.MOSAIC_BIAS_IN_KERNEL,  # and the key minimums' biases in the kernel (untimed)
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)
     "t4p2": qd.DecodeConfig(tile_windows=4, programs_per_multiprocessor=2),
     # exp2 as ex2.approx.f32, as XLA's Triton lowers jnp.exp2 (a compare and two predicated multiplies around

@@ -42,6 +42,8 @@ VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
     "magic_values_first": dict(magic_exponents=True, overlap_values=False),
     "deferred": dict(defer_values_wgmma=True),  # the V wgmma waited for in the next step (fastest, s21)
     "deferred_values_first": dict(defer_values_wgmma=True, overlap_values=False),  # the two best of s21
+    # that, with the minimums' biases computed in the kernel before its loop (untimed)
+    "deferred_values_first_bias": dict(defer_values_wgmma=True, overlap_values=False, bias_in_kernel=True),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
 }

@@ -249,7 +249,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
                 auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True,
                 defer_values_wgmma: bool = False, values_by_part: bool = False, keys_in_smem: bool = False,
-                range_params=None):
+                bias_in_kernel: bool = False, max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -265,7 +265,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   untimed; not in the interpret mode, which cannot store to an accumulator); `values_by_part`: each part of
   the values stored before the next is unpacked (8 registers live, not 32; untimed); `keys_in_smem`: the
   unpacked keys go through shared memory, a part at a time, to one wgmma with A read from there, instead of
-  a register operand whose 32 registers stay live until the wgmma is waited for (untimed).
+  a register operand whose 32 registers stay live until the wgmma is waited for (untimed); `bias_in_kernel`:
+  k_bias is the key minimums [N, W, H] themselves, and each program computes its windows' biases before
+  its loop (wgmmas of 64 windows' minimums against q^T, into shared memory): no XLA pass over the
+  minimums, and none over windows past a range's count (untimed; at most `MAX_BIAS_ROWS` windows a
+  split, a range's bound given as `max_windows`).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -280,17 +284,25 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   ranged = range_params is not None
   if packed * 4 != HEAD_DIM or (not ranged and tokens % (STEP * splits)):
     raise ValueError(f"codes {k_codes.shape}: need [N, T, {HEAD_DIM // 4}] with T a multiple of {STEP} x splits")
-  if k_bias.shape[2] != COLUMNS or (not ranged and k_bias.shape[1] != tokens // WINDOW):
+  if bias_in_kernel:
+    if k_bias.shape[2] != HEAD_DIM or (ranged and max_windows is None):
+      raise ValueError(f"bias_in_kernel takes the key minimums [N, windows, {HEAD_DIM}] (and a range's "
+                       f"max_windows), got {k_bias.shape}, max_windows={max_windows}")
+  elif k_bias.shape[2] != COLUMNS or (not ranged and k_bias.shape[1] != tokens // WINDOW):
     raise ValueError(f"a bias [N, windows, {COLUMNS}] from key_bias (range_bias for a range), got {k_bias.shape}")
   if not ranged:
-    range_params = jnp.zeros((32,), jnp.int32)  # unused
+    range_params = jnp.zeros((32,), jnp.int32).at[1].set(tokens // WINDOW)  # the count of windows
   steps = tokens // STEP // splits  # static, where not ranged
+  bias_rows = in_kernel_bias_rows(max_windows if ranged else tokens // WINDOW, splits) if bias_in_kernel else 0
+  if bias_rows > MAX_BIAS_ROWS:
+    raise ValueError(f"bias_in_kernel holds at most {MAX_BIAS_ROWS} windows a split, got {bias_rows}")
   layout = plgpu.Layout
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
   magic = fast and magic_exponents
   defer = defer_values_wgmma and interpret is None
   slots = 2 if defer else 1
   qt = query_operands(q, part_scaled=not magic)
+  q_raw = query_operands(q, part_scaled=False) if bias_in_kernel else qt  # q^T for the minimums' products
 
   def swizzled(row_bytes, dtype):  # the interpret mode takes plain buffers
     if interpret is not None:
@@ -300,7 +312,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   def smem(shape, dtype, row_bytes=None):
     return plgpu.SMEM(shape, dtype, transforms=swizzled(row_bytes, dtype) if row_bytes else ())
 
-  def kernel(range_g, qt_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_slots, p_slots, bar):
+  def kernel(range_g, qt_g, qr_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_slots, p_slots,
+             bias_s, bar):
     pair, split = lax.axis_index("pair"), lax.axis_index("split")
 
     def load_range(range_s):  # first window, count, bias row: through shared memory (a TMA moves >= 128 B)
@@ -314,7 +327,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       begin = split * per_split
       my_steps = jnp.clip(total - begin, 0, per_split)
     else:
-      begin, my_steps = split * steps, steps
+      start, count, begin, my_steps = 0, tokens // WINDOW, split * steps, steps
 
     def load_query(qt_s):  # scoped: its shared memory goes back to the pipeline's buffers
       plgpu.copy_gmem_to_smem(qt_g.at[pair], qt_s, bar.at[0])
@@ -327,6 +340,26 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     first_half = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 1, layout=layout.WGMMA) < COLUMNS // 2
     own_window = (row < WINDOW) == first_half
     token = plgpu.broadcasted_iota(jnp.int32, (STEP, WINDOW), 0, layout=layout.WGMMA)
+
+    def window_biases(kmin_s, qr_s):  # `bias_in_kernel`: bias_s row j = window start + 2 begin + j
+      plgpu.copy_gmem_to_smem(qr_g.at[pair], qr_s, bar.at[0])
+      plgpu.barrier_wait(bar.at[0])
+
+      def chunk(c, carry):  # 64 windows' minimums (zeros past the pool) against q^T
+        plgpu.copy_gmem_to_smem(kb_g.at[pair, pl.ds(start + 2 * begin + STEP * c, STEP)], kmin_s, bar.at[0])
+        plgpu.barrier_wait(bar.at[0])
+
+        def product(acc):
+          plgpu.wgmma(acc, kmin_s, qr_s)
+          plgpu.wgmma_wait(0)
+          return acc[...]
+        bias = pl.run_scoped(product, plgpu.ACC((STEP, COLUMNS), jnp.float32))
+        bias_s[pl.ds(STEP * c, STEP)] = jnp.where(2 * begin + STEP * c + row < count, bias, _NEG)
+        plgpu.commit_smem()  # the rows are written, and kmin_s free for the next chunk's copy
+        return carry
+      lax.fori_loop(0, (2 * my_steps + STEP - 1) // STEP, chunk, 0)
+    if bias_in_kernel:
+      pl.run_scoped(window_biases, smem((STEP, HEAD_DIM), jnp.float16, 32), smem((HEAD_DIM, COLUMNS), jnp.float16, 32))
 
     def per_column(ref):  # [2, H] -> [H, 16]: column c takes window c // 8's row
       rows = [lax.broadcast_in_dim(plgpu.load(ref.at[w], layout=layout.WGMMA.reduce(1)).astype(jnp.float32),
@@ -360,7 +393,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         scale = per_token(vs_s, part) * jnp.float16(4.0 ** -part)
         v_s[:, pl.ds(WINDOW * part, WINDOW)] = values * scale + per_token(vm_s, part)
 
-    def step(indices, kc_s, ks_s, kb_s, vc_s, vs_s, vm_s, carry):
+    def step(indices, *refs):
+      if bias_in_kernel:  # the step's two rows of bias_s
+        (kc_s, ks_s, vc_s, vs_s, vm_s, carry), kb_s = refs, bias_s.at[pl.ds(2 * indices[0], 2)]
+      else:
+        kc_s, ks_s, kb_s, vc_s, vs_s, vm_s, carry = refs
       acc, m_run, l_rows = carry  # acc: None where O^T accumulates in place (`defer`)
       slot = lax.rem(indices[0], slots) if defer else 0
       v_s, p_s = v_slots.at[slot], p_slots.at[slot]
@@ -435,10 +472,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                                         transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
         metadata = lambda: plgpu.BlockSpec((2, HEAD_DIM), lambda s: (begin + s, 0))
         bias = plgpu.BlockSpec((2, COLUMNS), lambda s: (begin + s, 0))
-      pipeline = plgpu.emit_pipeline(
-          step, grid=(my_steps,), max_concurrent_steps=stages, init_carry=init,
-          in_specs=[codes(), metadata(), bias, codes(), metadata(), metadata()])
-      acc, m_run, l_rows = pipeline(*(x.at[pair] for x in (kc_g, ks_g, kb_g, vc_g, vs_g, vm_g)))
+      specs, inputs = [codes(), metadata(), bias, codes(), metadata(), metadata()], [kc_g, ks_g, kb_g, vc_g, vs_g, vm_g]
+      if bias_in_kernel:  # computed before the loop, into bias_s
+        del specs[2], inputs[2]
+      pipeline = plgpu.emit_pipeline(step, grid=(my_steps,), max_concurrent_steps=stages, init_carry=init,
+                                     in_specs=specs)
+      acc, m_run, l_rows = pipeline(*(x.at[pair] for x in inputs))
       if defer:
         plgpu.wgmma_wait(0)
         acc = o_acc[...]
@@ -468,11 +507,22 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32)),
       grid=(n, splits), grid_names=("pair", "split"),
       scratch_types=[smem((HEAD_DIM, COLUMNS), jnp.float16, 32), smem((slots, STEP, HEAD_DIM), jnp.float16, 32),
-                     smem((slots, STEP, COLUMNS), jnp.float16, 32), plgpu.Barrier(num_arrivals=1, num_barriers=1)],
+                     smem((slots, STEP, COLUMNS), jnp.float16, 32), smem((max(bias_rows, 8), COLUMNS), jnp.float32),
+                     plgpu.Barrier(num_arrivals=1, num_barriers=1)],
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane,
                                            approx_math=approx_math, unsafe_no_auto_barriers=not auto_barriers),
       interpret=interpret)
-  return call(range_params, qt, k_codes, k_scale, k_bias, v_codes, v_scale, v_min)
+  return call(range_params, qt, q_raw, k_codes, k_scale, k_bias, v_codes, v_scale, v_min)
+
+
+MAX_BIAS_ROWS = 256  # 16 KB of shared memory a program, three programs an SM
+
+
+def in_kernel_bias_rows(windows: int, splits: int) -> int:
+  """Rows of a program's bias buffer with `bias_in_kernel`: its windows (of at most `windows`), in chunks of
+  64."""
+  per_split = -(-(-(-windows // 2)) // splits)
+  return -(-2 * per_split // STEP) * STEP
 
 
 def merge(o_t, m, l, groups: int) -> jax.Array:
@@ -507,7 +557,12 @@ def range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, c
   in a cache shared by layers; first and count data, `windows` >= count static, the bias's size): the
   splits share ceil(count / 2) steps, whatever the bound."""
   first = jnp.asarray(first, jnp.int32)
-  bias, bias_row = range_bias(q, k_min, first, count, windows)
+  if options.get("bias_in_kernel") and in_kernel_bias_rows(windows, splits) > MAX_BIAS_ROWS:
+    options = dict(options, bias_in_kernel=False)  # too many windows a split to hold their biases
+  if options.get("bias_in_kernel"):
+    bias, bias_row, options = k_min, jnp.int32(0), dict(options, max_windows=windows)
+  else:
+    bias, bias_row = range_bias(q, k_min, first, count, windows)
   params = jnp.zeros((32,), jnp.int32).at[:3].set(jnp.stack([first, jnp.asarray(count, jnp.int32), bias_row]))
   return int2_decode(q, k_codes, k_scale, bias, v_codes, v_scale, v_min, splits=splits, interpret=interpret,
                      range_params=params, **options)
@@ -523,6 +578,7 @@ def attend(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, 
     o_t, m, l = range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, 0, windows, windows=windows,
                                splits=splits, interpret=interpret, **dict(options))
   else:
-    o_t, m, l = int2_decode(q, k_codes, k_scale, key_bias(q, k_min), v_codes, v_scale, v_min,
+    bias = k_min if dict(options).get("bias_in_kernel") else key_bias(q, k_min)
+    o_t, m, l = int2_decode(q, k_codes, k_scale, bias, v_codes, v_scale, v_min,
                             splits=splits, interpret=interpret, **dict(options))
   return merge(o_t, m, l, q.shape[1])

@@ -150,6 +150,12 @@ class DecodeConfig:
   mosaic_options: tuple = (("defer_values_wgmma", True), ("overlap_values", False))
 
 
+# The Mosaic INT2 launch with its key minimums' biases computed in the kernel, not by an XLA einsum over the
+# bound's windows before it (untimed; "pallas:mosaic_int2_bias").
+MOSAIC_BIAS_IN_KERNEL = DecodeConfig(int2_mosaic=True,
+                                     mosaic_options=DecodeConfig.mosaic_options + (("bias_in_kernel", True),))
+
+
 @dataclasses.dataclass(frozen=True)
 class _Segment:
   """What the kernel knows statically about one pool."""

@@ -3,6 +3,8 @@
     "pallas"              quantized_decode.py: split-K flash decoding, Pallas Triton lowering
     "pallas:mosaic_int2"  the same, with the INT2 pool through mosaic_int2.py's Mosaic GPU kernel
                           (JAX >= 0.11 only; pools it does not serve go through the Triton kernel)
+    "pallas:mosaic_int2_bias"  that, with the key minimums' biases computed in the Mosaic kernel
+                          (`bias_in_kernel`; untimed)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -45,3 +47,4 @@ def register_variant(name: str, config: quantized_decode.DecodeConfig) -> None:
 register_variant("pallas", quantized_decode.DecodeConfig())
 if mosaic_int2.available():
   register_variant("pallas:mosaic_int2", quantized_decode.DecodeConfig(int2_mosaic=True))
+  register_variant("pallas:mosaic_int2_bias", quantized_decode.MOSAIC_BIAS_IN_KERNEL)

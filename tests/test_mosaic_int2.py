@@ -45,10 +45,11 @@ def test_matches_dequantize_then_attend(interpret, seed, pairs, tokens, groups, 
   np.testing.assert_allclose(out, want, atol=2e-3, rtol=0)
 
 
-@pytest.mark.parametrize("option", ["overlap_values", "keys_in_smem"])
+@pytest.mark.parametrize("option", ["overlap_values", "keys_in_smem", "bias_in_kernel"])
 def test_orderings_match(interpret, option):
-  """The values dequantized before the score wgmma, or the keys through shared memory, compute the same."""
-  case = random_case(4, 2, 128, 7)
+  """The values dequantized before the score wgmma, the keys through shared memory, or the minimums'
+  biases computed in the kernel, compute the same."""
+  case = random_case(4, 2, 256, 7)
   value = option != "overlap_values"
   out = np.asarray(mi.attend(*case, splits=1, interpret=interpret, options=((option, value),)))
   np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
@@ -56,12 +57,13 @@ def test_orderings_match(interpret, option):
 
 @pytest.mark.parametrize("first,count,windows,splits", [(3, 7, 10, 1), (0, 8, 8, 2), (5, 4, 6, 2), (12, 4, 6, 2),
                                                      (9, 7, 16, 4), (2, 1, 8, 3), (4, 0, 4, 2)])
-def test_a_range_of_the_pool(interpret, first, count, windows, splits):
+@pytest.mark.parametrize("bias_in_kernel", [False, True])
+def test_a_range_of_the_pool(interpret, first, count, windows, splits, bias_in_kernel):
   """A layer's windows of a shared pool: an odd first window, a count below the static bound (the splits
   share the count's steps; some get none), a bound running past the pool, a single window, no window."""
   q, kc, ks, km, vc, vs, vm = random_case(5, 2, 16 * mi.WINDOW, 7)
   o_t, m, l = mi.range_partials(q, kc, ks, km, vc, vs, vm, first, count, windows=windows, splits=splits,
-                                interpret=interpret)
+                                interpret=interpret, bias_in_kernel=bias_in_kernel)
   if count == 0:  # every split empty: nothing weighs anything
     np.testing.assert_array_equal(np.asarray(l), 0)
     np.testing.assert_array_equal(np.asarray(o_t), 0)
@@ -86,7 +88,9 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(overlap_values=False), dict(ptx_fma=False, auto_barriers=True),
                                      dict(defer_values_wgmma=True), dict(values_by_part=True),
                                      dict(keys_in_smem=True), dict(ranged=True),
-                                     dict(ranged=True, defer_values_wgmma=True)])
+                                     dict(ranged=True, defer_values_wgmma=True), dict(bias_in_kernel=True),
+                                     dict(ranged=True, bias_in_kernel=True, defer_values_wgmma=True,
+                                          overlap_values=False)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
   import jax
@@ -97,7 +101,7 @@ def test_lowers_for_cuda(options):
         q, kc, ks, km, vc, vs, vm, 3, 9, windows=12, splits=2, **options))
   else:
     lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.int2_decode(
-        q, kc, ks, mi.key_bias(q, km), vc, vs, vm, splits=2, **options))
+        q, kc, ks, km if options.get("bias_in_kernel") else mi.key_bias(q, km), vc, vs, vm, splits=2, **options))
   text = lower.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
 
@@ -125,7 +129,8 @@ def test_bad_shapes_are_refused():
     mi.query_operands(np.zeros((1, 9, mi.HEAD_DIM), np.float32))
 
 
-def test_as_the_int2_phase_of_quantized_decode(interpret):
+@pytest.mark.parametrize("bias_in_kernel", [False, True])
+def test_as_the_int2_phase_of_quantized_decode(interpret, bias_in_kernel):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound."""
   import jax.numpy as jnp
@@ -150,16 +155,17 @@ def test_as_the_int2_phase_of_quantized_decode(interpret):
   rest_len = jnp.array([10, 20])
   qg = jnp.asarray(rng.normal(size=(b, kh, g, h)), jnp.float32)
   assert qd.mosaic_serves(k_pools[2], v_pools[2], g, h, window)
+  config = qd.MOSAIC_BIAS_IN_KERNEL if bias_in_kernel else qd.DecodeConfig(int2_mosaic=True)
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
-                            config=qd.DecodeConfig(int2_mosaic=True), interpret=interpret is not None)
+                            config=config, interpret=interpret is not None)
   want = qd.reference(qg * h ** -0.5, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                       window_size=window)
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=3e-3, rtol=0)
   # partial_softmaxes (the benchmarks' view): both launches' partials in one array, for combine_splits
   o, m, l = qd.partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                                  window_size=window, tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens,
-                                 q_scale=h ** -0.5, config=qd.DecodeConfig(int2_mosaic=True),
+                                 q_scale=h ** -0.5, config=config,
                                  interpret=interpret is not None)
   np.testing.assert_allclose(np.asarray(qd.combine_splits(o, m, l)[:, :, :g]), np.asarray(out), atol=1e-5, rtol=0)
