@@ -44,6 +44,10 @@ VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
     "deferred_values_first": dict(defer_values_wgmma=True, overlap_values=False),  # the two best of s21
     # that, with the minimums' biases computed in the kernel before its loop (untimed)
     "deferred_values_first_bias": dict(defer_values_wgmma=True, overlap_values=False, bias_in_kernel=True),
+    # two steps a pipeline iteration (static V/P slots; one TMA issue and barrier wait for both; untimed)
+    "deferred_values_first_block2": dict(defer_values_wgmma=True, overlap_values=False, steps_per_block=2),
+    "deferred_values_first_block2_bias": dict(defer_values_wgmma=True, overlap_values=False, steps_per_block=2,
+                                              bias_in_kernel=True),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
 }

@@ -127,18 +127,19 @@ def key_bias(q: jax.Array, k_min: jax.Array) -> jax.Array:
   return jnp.concatenate([bias, bias], axis=2)
 
 
-def range_bias(q: jax.Array, k_min: jax.Array, first, count, windows: int) -> tuple[jax.Array, jax.Array]:
+def range_bias(q: jax.Array, k_min: jax.Array, first, count, windows: int,
+               steps_per_block: int = 1) -> tuple[jax.Array, jax.Array]:
   """`key_bias` over a layer's range [first, first + count) of a pool (data; `windows` >= count, static):
   the biases of `windows` windows from `first` moved back where they would run off the pool (an in-bounds
-  slice, no gather), windows outside the range -1e30, then two rows of -1e30 (the second window of an odd
-  count's last step). Returns the bias and the row of window `first` in it."""
+  slice, no gather), windows outside the range -1e30, then 2 x `steps_per_block` rows of -1e30 (what a
+  block's last steps read past the count). Returns the bias and the row of window `first` in it."""
   pool = k_min.shape[1]
   windows = min(windows, pool)
   start = jnp.clip(first, 0, pool - windows)
   index = start + jnp.arange(windows)
   bias = key_bias(q, lax.dynamic_slice_in_dim(k_min, start, windows, axis=1))
   bias = jnp.where(((index >= first) & (index < first + count))[None, :, None], bias, _NEG)
-  return jnp.pad(bias, ((0, 0), (0, 2), (0, 0)), constant_values=_NEG), first - start
+  return jnp.pad(bias, ((0, 0), (0, 2 * steps_per_block), (0, 0)), constant_values=_NEG), first - start
 
 
 def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic_exponents=False,
@@ -249,7 +250,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
                 auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True,
                 defer_values_wgmma: bool = False, values_by_part: bool = False, keys_in_smem: bool = False,
-                bias_in_kernel: bool = False, max_windows: int | None = None, range_params=None):
+                bias_in_kernel: bool = False, steps_per_block: int = 1, max_windows: int | None = None,
+                range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -269,7 +271,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   k_bias is the key minimums [N, W, H] themselves, and each program computes its windows' biases before
   its loop (wgmmas of 64 windows' minimums against q^T, into shared memory): no XLA pass over the
   minimums, and none over windows past a range's count (untimed; at most `MAX_BIAS_ROWS` windows a
-  split, a range's bound given as `max_windows`).
+  split, a range's bound given as `max_windows`); `steps_per_block`: 64-token steps a pipeline iteration
+  (one TMA issue, barrier wait and slot computation for them all; with 2 and `defer_values_wgmma`, the V
+  and P buffers' slots are static; untimed).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -282,8 +286,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
   n, tokens, packed = k_codes.shape
   ranged = range_params is not None
-  if packed * 4 != HEAD_DIM or (not ranged and tokens % (STEP * splits)):
-    raise ValueError(f"codes {k_codes.shape}: need [N, T, {HEAD_DIM // 4}] with T a multiple of {STEP} x splits")
+  spb = steps_per_block
+  if packed * 4 != HEAD_DIM or (not ranged and tokens % (STEP * spb * splits)):
+    raise ValueError(f"codes {k_codes.shape}: need [N, T, {HEAD_DIM // 4}] with T a multiple of {STEP} x "
+                     f"steps_per_block x splits")
   if bias_in_kernel:
     if k_bias.shape[2] != HEAD_DIM or (ranged and max_windows is None):
       raise ValueError(f"bias_in_kernel takes the key minimums [N, windows, {HEAD_DIM}] (and a range's "
@@ -292,8 +298,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError(f"a bias [N, windows, {COLUMNS}] from key_bias (range_bias for a range), got {k_bias.shape}")
   if not ranged:
     range_params = jnp.zeros((32,), jnp.int32).at[1].set(tokens // WINDOW)  # the count of windows
-  steps = tokens // STEP // splits  # static, where not ranged
-  bias_rows = in_kernel_bias_rows(max_windows if ranged else tokens // WINDOW, splits) if bias_in_kernel else 0
+  blocks = tokens // (STEP * spb) // splits  # static, where not ranged
+  bias_rows = (in_kernel_bias_rows(max_windows if ranged else tokens // WINDOW, splits, spb)
+               if bias_in_kernel else 0)
   if bias_rows > MAX_BIAS_ROWS:
     raise ValueError(f"bias_in_kernel holds at most {MAX_BIAS_ROWS} windows a split, got {bias_rows}")
   layout = plgpu.Layout
@@ -320,14 +327,15 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       plgpu.copy_gmem_to_smem(range_g, range_s, bar.at[0])
       plgpu.barrier_wait(bar.at[0])
       return range_s[0], range_s[1], range_s[2]
-    if ranged:
+    if ranged:  # in blocks of `spb` steps of two windows
       start, count, bias_row = pl.run_scoped(load_range, smem((32,), jnp.int32))
-      total = (count + 1) // 2
+      total = ((count + 1) // 2 + spb - 1) // spb
       per_split = (total + splits - 1) // splits
       begin = split * per_split
-      my_steps = jnp.clip(total - begin, 0, per_split)
+      my_blocks = jnp.clip(total - begin, 0, per_split)
     else:
-      start, count, begin, my_steps = 0, tokens // WINDOW, split * steps, steps
+      start, count, begin, my_blocks = 0, tokens // WINDOW, split * blocks, blocks
+    first_window = 2 * spb * begin  # of the split, from the range's start
 
     def load_query(qt_s):  # scoped: its shared memory goes back to the pipeline's buffers
       plgpu.copy_gmem_to_smem(qt_g.at[pair], qt_s, bar.at[0])
@@ -341,12 +349,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     own_window = (row < WINDOW) == first_half
     token = plgpu.broadcasted_iota(jnp.int32, (STEP, WINDOW), 0, layout=layout.WGMMA)
 
-    def window_biases(kmin_s, qr_s):  # `bias_in_kernel`: bias_s row j = window start + 2 begin + j
+    def window_biases(kmin_s, qr_s):  # `bias_in_kernel`: bias_s row j = window start + first_window + j
       plgpu.copy_gmem_to_smem(qr_g.at[pair], qr_s, bar.at[0])
       plgpu.barrier_wait(bar.at[0])
 
       def chunk(c, carry):  # 64 windows' minimums (zeros past the pool) against q^T
-        plgpu.copy_gmem_to_smem(kb_g.at[pair, pl.ds(start + 2 * begin + STEP * c, STEP)], kmin_s, bar.at[0])
+        plgpu.copy_gmem_to_smem(kb_g.at[pair, pl.ds(start + first_window + STEP * c, STEP)], kmin_s, bar.at[0])
         plgpu.barrier_wait(bar.at[0])
 
         def product(acc):
@@ -354,10 +362,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           plgpu.wgmma_wait(0)
           return acc[...]
         bias = pl.run_scoped(product, plgpu.ACC((STEP, COLUMNS), jnp.float32))
-        bias_s[pl.ds(STEP * c, STEP)] = jnp.where(2 * begin + STEP * c + row < count, bias, _NEG)
+        bias_s[pl.ds(STEP * c, STEP)] = jnp.where(first_window + STEP * c + row < count, bias, _NEG)
         plgpu.commit_smem()  # the rows are written, and kmin_s free for the next chunk's copy
         return carry
-      lax.fori_loop(0, (2 * my_steps + STEP - 1) // STEP, chunk, 0)
+      lax.fori_loop(0, (2 * spb * my_blocks + STEP - 1) // STEP, chunk, 0)
     if bias_in_kernel:
       pl.run_scoped(window_biases, smem((STEP, HEAD_DIM), jnp.float16, 32), smem((HEAD_DIM, COLUMNS), jnp.float16, 32))
 
@@ -393,13 +401,22 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         scale = per_token(vs_s, part) * jnp.float16(4.0 ** -part)
         v_s[:, pl.ds(WINDOW * part, WINDOW)] = values * scale + per_token(vm_s, part)
 
-    def step(indices, *refs):
-      if bias_in_kernel:  # the step's two rows of bias_s
-        (kc_s, ks_s, vc_s, vs_s, vm_s, carry), kb_s = refs, bias_s.at[pl.ds(2 * indices[0], 2)]
+    def block(indices, *refs):  # `spb` steps
+      if bias_in_kernel:
+        (kc_s, ks_s, vc_s, vs_s, vm_s, carry), kb_s = refs, None
       else:
         kc_s, ks_s, kb_s, vc_s, vs_s, vm_s, carry = refs
+      for i in range(spb):
+        rows = lambda ref, n: ref.at[pl.ds(n * i, n)]
+        index = indices[0] * spb + i  # the step's, in the split
+        step_bias = bias_s.at[pl.ds(2 * index, 2)] if bias_in_kernel else rows(kb_s, 2)
+        carry = step(index, i, rows(kc_s, STEP), rows(ks_s, 2), step_bias, rows(vc_s, STEP), rows(vs_s, 2),
+                     rows(vm_s, 2), carry)
+      return carry
+
+    def step(index, i, kc_s, ks_s, kb_s, vc_s, vs_s, vm_s, carry):  # index: traced; i: within the block
       acc, m_run, l_rows = carry  # acc: None where O^T accumulates in place (`defer`)
-      slot = lax.rem(indices[0], slots) if defer else 0
+      slot = (i % slots if spb % slots == 0 else lax.rem(index, slots)) if defer else 0
       v_s, p_s = v_slots.at[slot], p_slots.at[slot]
       if fast:
         bq_s[...] = _scaled_query(q, ks_s)
@@ -462,20 +479,21 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
               plgpu.layout_cast(jnp.full((COLUMNS,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
               plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
       if ranged:  # element offsets: the range may start at an odd window; a dynamic trip count
-        codes = lambda: plgpu.BlockSpec((pl.Element(STEP), HEAD_DIM // 4),
-                                        lambda s: (WINDOW * start + STEP * (begin + s), 0),
+        codes = lambda: plgpu.BlockSpec((pl.Element(STEP * spb), HEAD_DIM // 4),
+                                        lambda s: (WINDOW * start + STEP * spb * (begin + s), 0),
                                         transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
-        metadata = lambda: plgpu.BlockSpec((pl.Element(2), HEAD_DIM), lambda s: (start + 2 * (begin + s), 0))
-        bias = plgpu.BlockSpec((pl.Element(2), COLUMNS), lambda s: (bias_row + 2 * (begin + s), 0))
+        metadata = lambda: plgpu.BlockSpec((pl.Element(2 * spb), HEAD_DIM),
+                                           lambda s: (start + 2 * spb * (begin + s), 0))
+        bias = plgpu.BlockSpec((pl.Element(2 * spb), COLUMNS), lambda s: (bias_row + 2 * spb * (begin + s), 0))
       else:
-        codes = lambda: plgpu.BlockSpec((STEP, HEAD_DIM // 4), lambda s: (begin + s, 0),
+        codes = lambda: plgpu.BlockSpec((STEP * spb, HEAD_DIM // 4), lambda s: (begin + s, 0),
                                         transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
-        metadata = lambda: plgpu.BlockSpec((2, HEAD_DIM), lambda s: (begin + s, 0))
-        bias = plgpu.BlockSpec((2, COLUMNS), lambda s: (begin + s, 0))
+        metadata = lambda: plgpu.BlockSpec((2 * spb, HEAD_DIM), lambda s: (begin + s, 0))
+        bias = plgpu.BlockSpec((2 * spb, COLUMNS), lambda s: (begin + s, 0))
       specs, inputs = [codes(), metadata(), bias, codes(), metadata(), metadata()], [kc_g, ks_g, kb_g, vc_g, vs_g, vm_g]
       if bias_in_kernel:  # computed before the loop, into bias_s
         del specs[2], inputs[2]
-      pipeline = plgpu.emit_pipeline(step, grid=(my_steps,), max_concurrent_steps=stages, init_carry=init,
+      pipeline = plgpu.emit_pipeline(block, grid=(my_blocks,), max_concurrent_steps=stages, init_carry=init,
                                      in_specs=specs)
       acc, m_run, l_rows = pipeline(*(x.at[pair] for x in inputs))
       if defer:
@@ -518,11 +536,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 MAX_BIAS_ROWS = 256  # 16 KB of shared memory a program, three programs an SM
 
 
-def in_kernel_bias_rows(windows: int, splits: int) -> int:
+def in_kernel_bias_rows(windows: int, splits: int, steps_per_block: int = 1) -> int:
   """Rows of a program's bias buffer with `bias_in_kernel`: its windows (of at most `windows`), in chunks of
   64."""
-  per_split = -(-(-(-windows // 2)) // splits)
-  return -(-2 * per_split // STEP) * STEP
+  blocks = -(-(-(-windows // 2)) // steps_per_block)
+  per_split = -(-blocks // splits)
+  return -(-2 * steps_per_block * per_split // STEP) * STEP
 
 
 def merge(o_t, m, l, groups: int) -> jax.Array:
@@ -557,12 +576,13 @@ def range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, c
   in a cache shared by layers; first and count data, `windows` >= count static, the bias's size): the
   splits share ceil(count / 2) steps, whatever the bound."""
   first = jnp.asarray(first, jnp.int32)
-  if options.get("bias_in_kernel") and in_kernel_bias_rows(windows, splits) > MAX_BIAS_ROWS:
+  spb = options.get("steps_per_block", 1)
+  if options.get("bias_in_kernel") and in_kernel_bias_rows(windows, splits, spb) > MAX_BIAS_ROWS:
     options = dict(options, bias_in_kernel=False)  # too many windows a split to hold their biases
   if options.get("bias_in_kernel"):
     bias, bias_row, options = k_min, jnp.int32(0), dict(options, max_windows=windows)
   else:
-    bias, bias_row = range_bias(q, k_min, first, count, windows)
+    bias, bias_row = range_bias(q, k_min, first, count, windows, spb)
   params = jnp.zeros((32,), jnp.int32).at[:3].set(jnp.stack([first, jnp.asarray(count, jnp.int32), bias_row]))
   return int2_decode(q, k_codes, k_scale, bias, v_codes, v_scale, v_min, splits=splits, interpret=interpret,
                      range_params=params, **options)
@@ -574,7 +594,7 @@ def attend(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, 
   `options`: (name, value) pairs of `int2_decode`'s keywords. Splits that do not divide the pool's steps
   read it as a range (the last split's surplus windows masked)."""
   windows = k_codes.shape[1] // WINDOW
-  if k_codes.shape[1] % (STEP * splits):
+  if k_codes.shape[1] % (STEP * dict(options).get("steps_per_block", 1) * splits):
     o_t, m, l = range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, 0, windows, windows=windows,
                                splits=splits, interpret=interpret, **dict(options))
   else:

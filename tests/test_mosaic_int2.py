@@ -45,25 +45,26 @@ def test_matches_dequantize_then_attend(interpret, seed, pairs, tokens, groups, 
   np.testing.assert_allclose(out, want, atol=2e-3, rtol=0)
 
 
-@pytest.mark.parametrize("option", ["overlap_values", "keys_in_smem", "bias_in_kernel"])
-def test_orderings_match(interpret, option):
-  """The values dequantized before the score wgmma, the keys through shared memory, or the minimums'
-  biases computed in the kernel, compute the same."""
+@pytest.mark.parametrize("option,value", [("overlap_values", False), ("keys_in_smem", True), ("bias_in_kernel", True),
+                                          ("steps_per_block", 2)])
+def test_orderings_match(interpret, option, value):
+  """The values dequantized before the score wgmma, the keys through shared memory, the minimums' biases
+  computed in the kernel, or two steps a pipeline iteration, compute the same."""
   case = random_case(4, 2, 256, 7)
-  value = option != "overlap_values"
   out = np.asarray(mi.attend(*case, splits=1, interpret=interpret, options=((option, value),)))
   np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
 
 
 @pytest.mark.parametrize("first,count,windows,splits", [(3, 7, 10, 1), (0, 8, 8, 2), (5, 4, 6, 2), (12, 4, 6, 2),
                                                      (9, 7, 16, 4), (2, 1, 8, 3), (4, 0, 4, 2)])
-@pytest.mark.parametrize("bias_in_kernel", [False, True])
-def test_a_range_of_the_pool(interpret, first, count, windows, splits, bias_in_kernel):
+@pytest.mark.parametrize("options", [{}, dict(bias_in_kernel=True), dict(steps_per_block=2),
+                                     dict(bias_in_kernel=True, steps_per_block=2)])
+def test_a_range_of_the_pool(interpret, first, count, windows, splits, options):
   """A layer's windows of a shared pool: an odd first window, a count below the static bound (the splits
   share the count's steps; some get none), a bound running past the pool, a single window, no window."""
   q, kc, ks, km, vc, vs, vm = random_case(5, 2, 16 * mi.WINDOW, 7)
   o_t, m, l = mi.range_partials(q, kc, ks, km, vc, vs, vm, first, count, windows=windows, splits=splits,
-                                interpret=interpret, bias_in_kernel=bias_in_kernel)
+                                interpret=interpret, **options)
   if count == 0:  # every split empty: nothing weighs anything
     np.testing.assert_array_equal(np.asarray(l), 0)
     np.testing.assert_array_equal(np.asarray(o_t), 0)
@@ -90,7 +91,10 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(keys_in_smem=True), dict(ranged=True),
                                      dict(ranged=True, defer_values_wgmma=True), dict(bias_in_kernel=True),
                                      dict(ranged=True, bias_in_kernel=True, defer_values_wgmma=True,
-                                          overlap_values=False)])
+                                          overlap_values=False),
+                                     dict(steps_per_block=2, defer_values_wgmma=True, overlap_values=False),
+                                     dict(ranged=True, steps_per_block=2, bias_in_kernel=True,
+                                          defer_values_wgmma=True, overlap_values=False)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
   import jax
