@@ -277,9 +277,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
-  window in k_bias (`range_bias`). Each split reads ceil(ceil(count / 2) / splits) steps or what is left
-  (a dynamic trip count: no step past the count is read); windows past the count in a step carry a bias of
-  -1e30, and those past the pool are read as zeros (TMA fills them).
+  window in k_bias (`range_bias`). The ceil(count / 2) steps, in blocks of `steps_per_block`, are shared
+  by the splits, each reading ceil(blocks / splits) blocks or what is left (a dynamic trip count: no block
+  past the count is read); windows past the count in a block carry a bias of -1e30, and those past the pool
+  are read as zeros (TMA fills them).
   """
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
