@@ -448,7 +448,9 @@ def markdown(report) -> str:
   copy = best_copy_TBps(report["copy"])
   lines = [f"# Decode attention, one layer, {HEADS} q heads / {KV_HEADS} KV heads / head dim {HEAD_DIM}, bf16",
            "", f"- command: `{report['command']}`", f"- date: {report['date']}", f"- device: {report['device']}",
-           f"- jax {report['jax']}; kernel: Pallas Triton lowering (`implementation=\"pallas\"`)",
+           f"- jax {report['jax']}; kernel: Pallas Triton lowering (`implementation=\"pallas\"`); variants named "
+           "`mosaic_int2*` put the INT2 pool through the Mosaic GPU kernel (`pallas_kernels/mosaic_int2.py`), "
+           "the other pools through the Triton one",
            "- copy bandwidth (bytes read + written): " + ", ".join(
                f"{k} {v:.2f} TB/s" for k, v in report["copy"].items() if k.endswith("TBps")),
            "- bytes: `KVCache.nbytes` of a single-layer cache (codes + f16 scales/minimums + bf16 windows + rest)",
