@@ -48,6 +48,10 @@ VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
     "deferred_values_first_block2": dict(defer_values_wgmma=True, overlap_values=False, steps_per_block=2),
     "deferred_values_first_block2_bias": dict(defer_values_wgmma=True, overlap_values=False, steps_per_block=2,
                                               bias_in_kernel=True),
+    # four programs a CTA of 512 threads: ptxas must fit 128 registers, 4 programs an SM (untimed; splits
+    # must be a multiple of 4)
+    "values_first_wg4": dict(overlap_values=False, warpgroups=4),
+    "values_first_wg4_block2": dict(overlap_values=False, warpgroups=4, steps_per_block=2),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
 }
@@ -170,7 +174,7 @@ def main(argv=None) -> int:
   report = dict(provenance=provenance(), rows=[], checks=[])
   errors, checked = [], []  # a variant that fails or errs is reported and not timed; the run exits 1
   for variant in args.variants:
-    cases = [(f"{variant}, small: 6 pairs x 1024 tokens, 2 splits", (6, 1024, 2, key)),
+    cases = [(f"{variant}, small: 6 pairs x 1024 tokens, 4 splits", (6, 1024, 4, key)),  # 4: `warpgroups`
              (f"{variant}, batch {args.batches[0]} x {args.tokens}: 4 pairs",
               (args.batches[0] * da.KV_HEADS, args.tokens, args.splits[0], key, 4))]
     for case, check_args in cases:

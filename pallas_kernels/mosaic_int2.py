@@ -250,8 +250,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
                 auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True,
                 defer_values_wgmma: bool = False, values_by_part: bool = False, keys_in_smem: bool = False,
-                bias_in_kernel: bool = False, steps_per_block: int = 1, max_windows: int | None = None,
-                range_params=None):
+                bias_in_kernel: bool = False, steps_per_block: int = 1, warpgroups: int = 1,
+                max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -273,7 +273,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   minimums, and none over windows past a range's count (untimed; at most `MAX_BIAS_ROWS` windows a
   split, a range's bound given as `max_windows`); `steps_per_block`: 64-token steps a pipeline iteration
   (one TMA issue, barrier wait and slot computation for them all; with 2 and `defer_values_wgmma`, the V
-  and P buffers' slots are static; untimed).
+  and P buffers' slots are static; untimed); `warpgroups`: programs (warpgroups) a CTA, each with its own
+  buffers and a pipeline written out by hand. Four make a CTA of 512 threads, for which ptxas must fit 128
+  registers a thread (session 20's PTX: 145 registers, 128 with 36 bytes of spills), so that an SM holds 4
+  programs, not 3; not with `defer_values_wgmma` (its second V buffer would not fit 4 times),
+  `bias_in_kernel` or `keys_in_smem` (untimed).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -304,6 +308,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                if bias_in_kernel else 0)
   if bias_rows > MAX_BIAS_ROWS:
     raise ValueError(f"bias_in_kernel holds at most {MAX_BIAS_ROWS} windows a split, got {bias_rows}")
+  groups = warpgroups
+  if groups > 1 and (defer_values_wgmma or bias_in_kernel or keys_in_smem or splits % groups):
+    raise ValueError(f"warpgroups={groups} needs splits divisible by it, and neither defer_values_wgmma, "
+                     f"bias_in_kernel nor keys_in_smem")
   layout = plgpu.Layout
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
   magic = fast and magic_exponents
@@ -321,28 +329,38 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     return plgpu.SMEM(shape, dtype, transforms=swizzled(row_bytes, dtype) if row_bytes else ())
 
   def kernel(range_g, qt_g, qr_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_slots, p_slots,
-             bias_s, bar):
+             bias_s, bar, *group_scratch):
     pair, split = lax.axis_index("pair"), lax.axis_index("split")
+    if groups > 1:  # this warpgroup's split and buffers
+      wg = lax.axis_index("wg")
+      split = split * groups + wg
+      bq_s, v_slots, p_slots, my_bar = bq_s.at[wg], v_slots.at[wg], p_slots.at[wg], bar.at[wg]
+    else:
+      my_bar = bar.at[0]
 
     def load_range(range_s):  # first window, count, bias row: through shared memory (a TMA moves >= 128 B)
-      plgpu.copy_gmem_to_smem(range_g, range_s, bar.at[0])
-      plgpu.barrier_wait(bar.at[0])
+      plgpu.copy_gmem_to_smem(range_g, range_s, my_bar)
+      plgpu.barrier_wait(my_bar)
       return range_s[0], range_s[1], range_s[2]
     if ranged:  # in blocks of `spb` steps of two windows
-      start, count, bias_row = pl.run_scoped(load_range, smem((32,), jnp.int32))
+      if groups > 1:
+        start, count, bias_row = load_range(group_scratch[0].at[wg])
+      else:
+        start, count, bias_row = pl.run_scoped(load_range, smem((32,), jnp.int32))
       total = ((count + 1) // 2 + spb - 1) // spb
       per_split = (total + splits - 1) // splits
       begin = split * per_split
       my_blocks = jnp.clip(total - begin, 0, per_split)
     else:
-      start, count, begin, my_blocks = 0, tokens // WINDOW, split * blocks, blocks
+      start, count, bias_row, begin, my_blocks = 0, tokens // WINDOW, 0, split * blocks, blocks
     first_window = 2 * spb * begin  # of the split, from the range's start
 
     def load_query(qt_s):  # scoped: its shared memory goes back to the pipeline's buffers
-      plgpu.copy_gmem_to_smem(qt_g.at[pair], qt_s, bar.at[0])
-      plgpu.barrier_wait(bar.at[0])
+      plgpu.copy_gmem_to_smem(qt_g.at[pair], qt_s, my_bar)
+      plgpu.barrier_wait(my_bar)
       return plgpu.load(qt_s, layout=layout.WGMMA)
-    q = pl.run_scoped(load_query, smem((HEAD_DIM, COLUMNS), jnp.float16))
+    # Several warpgroups: through bq_s, which the first step overwrites (allocations are the CTA's there).
+    q = load_query(bq_s) if groups > 1 else pl.run_scoped(load_query, smem((HEAD_DIM, COLUMNS), jnp.float16))
 
     col = plgpu.broadcasted_iota(jnp.int32, (HEAD_DIM, COLUMNS), 1, layout=layout.WGMMA)
     row = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 0, layout=layout.WGMMA)
@@ -351,12 +369,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     token = plgpu.broadcasted_iota(jnp.int32, (STEP, WINDOW), 0, layout=layout.WGMMA)
 
     def window_biases(kmin_s, qr_s):  # `bias_in_kernel`: bias_s row j = window start + first_window + j
-      plgpu.copy_gmem_to_smem(qr_g.at[pair], qr_s, bar.at[0])
-      plgpu.barrier_wait(bar.at[0])
+      plgpu.copy_gmem_to_smem(qr_g.at[pair], qr_s, my_bar)
+      plgpu.barrier_wait(my_bar)
 
       def chunk(c, carry):  # 64 windows' minimums (zeros past the pool) against q^T
-        plgpu.copy_gmem_to_smem(kb_g.at[pair, pl.ds(start + first_window + STEP * c, STEP)], kmin_s, bar.at[0])
-        plgpu.barrier_wait(bar.at[0])
+        plgpu.copy_gmem_to_smem(kb_g.at[pair, pl.ds(start + first_window + STEP * c, STEP)], kmin_s, my_bar)
+        plgpu.barrier_wait(my_bar)
 
         def product(acc):
           plgpu.wgmma(acc, kmin_s, qr_s)
@@ -494,13 +512,41 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       specs, inputs = [codes(), metadata(), bias, codes(), metadata(), metadata()], [kc_g, ks_g, kb_g, vc_g, vs_g, vm_g]
       if bias_in_kernel:  # computed before the loop, into bias_s
         del specs[2], inputs[2]
-      pipeline = plgpu.emit_pipeline(block, grid=(my_blocks,), max_concurrent_steps=stages, init_carry=init,
-                                     in_specs=specs)
-      acc, m_run, l_rows = pipeline(*(x.at[pair] for x in inputs))
+      if groups > 1:
+        acc, m_run, l_rows = group_pipeline(init)
+      else:
+        pipeline = plgpu.emit_pipeline(block, grid=(my_blocks,), max_concurrent_steps=stages, init_carry=init,
+                                       in_specs=specs)
+        acc, m_run, l_rows = pipeline(*(x.at[pair] for x in inputs))
       if defer:
         plgpu.wgmma_wait(0)
         acc = o_acc[...]
       return acc, m_run, l_rows
+
+    def group_pipeline(init):  # `emit_pipeline` by hand: its allocations would be the CTA's, not the group's
+      buffers = [b.at[wg] for b in group_scratch[3:9]]
+      barriers = group_scratch[9]
+      sources = [kc_g, ks_g, kb_g, vc_g, vs_g, vm_g]
+      rows = [STEP * spb, 2 * spb, 2 * spb, STEP * spb, 2 * spb, 2 * spb]
+      first = [WINDOW * start, start, bias_row, WINDOW * start, start, start]
+
+      def fetch(index):  # block `index` of the split into its slot
+        slot = lax.rem(index, stages)
+        for source, buffer, n, f in zip(sources, buffers, rows, first):
+          plgpu.copy_gmem_to_smem(source.at[pair, pl.ds(f + n * (begin + index), n)], buffer.at[slot],
+                                  barriers.at[wg * stages + slot])
+
+      for index in range(stages):
+        pl.when(index < my_blocks)(functools.partial(fetch, index))
+
+      def body(index, carry):
+        slot = lax.rem(index, stages)
+        plgpu.barrier_wait(barriers.at[wg * stages + slot])
+        carry = block((index,), *(b.at[slot] for b in buffers), carry)
+        # The block's reads of the slot precede its last commit_smem (a barrier of the warpgroup).
+        pl.when(index + stages < my_blocks)(lambda: fetch(index + stages))
+        return carry
+      return lax.fori_loop(0, my_blocks, body, init)
 
     o_acc = None
     if defer:
@@ -517,17 +563,33 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       plgpu.copy_smem_to_gmem(ml_s.at[0], m_g.at[pair, split])
       plgpu.copy_smem_to_gmem(ml_s.at[1], l_g.at[pair, split])
       plgpu.wait_smem_to_gmem(0)
-    pl.run_scoped(store, smem((HEAD_DIM, COLUMNS), jnp.float32), smem((2, COLUMNS), jnp.float32))
+    if groups > 1:
+      store(group_scratch[1].at[wg], group_scratch[2].at[wg])
+    else:
+      pl.run_scoped(store, smem((HEAD_DIM, COLUMNS), jnp.float32), smem((2, COLUMNS), jnp.float32))
 
+  per_group = (groups,) if groups > 1 else ()  # leading dimension of a warpgroup's own buffers
+  scratch = [smem((*per_group, HEAD_DIM, COLUMNS), jnp.float16, 32),
+             smem((*per_group, slots, STEP, HEAD_DIM), jnp.float16, 32),
+             smem((*per_group, slots, STEP, COLUMNS), jnp.float16, 32),
+             smem((max(bias_rows, 8), COLUMNS), jnp.float32), plgpu.Barrier(num_arrivals=1, num_barriers=groups)]
+  threads = {}
+  if groups > 1:  # range, O^T and (m, l) staging, the pipeline's buffers and barriers, a set a warpgroup
+    blocks_of = lambda shape, dtype, row_bytes=None: smem((groups, stages, *shape), dtype, row_bytes)
+    codes_of = lambda: blocks_of((STEP * spb, HEAD_DIM // 4), jnp.uint8, HEAD_DIM // 4)
+    scratch += [smem((groups, 32), jnp.int32), smem((groups, HEAD_DIM, COLUMNS), jnp.float32),
+                smem((groups, 2, COLUMNS), jnp.float32),
+                codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16), blocks_of((2 * spb, COLUMNS), jnp.float32),
+                codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
+                plgpu.Barrier(num_arrivals=6, num_barriers=groups * stages)]
+    threads = dict(num_threads=groups, thread_name="wg")
   call = plgpu.kernel(
       kernel,
       out_type=(jax.ShapeDtypeStruct((n, splits, HEAD_DIM, COLUMNS), jnp.float32),
                 jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32),
                 jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32)),
-      grid=(n, splits), grid_names=("pair", "split"),
-      scratch_types=[smem((HEAD_DIM, COLUMNS), jnp.float16, 32), smem((slots, STEP, HEAD_DIM), jnp.float16, 32),
-                     smem((slots, STEP, COLUMNS), jnp.float16, 32), smem((max(bias_rows, 8), COLUMNS), jnp.float32),
-                     plgpu.Barrier(num_arrivals=1, num_barriers=1)],
+      grid=(n, splits // groups), grid_names=("pair", "split"),
+      scratch_types=scratch, **threads,
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane,
                                            approx_math=approx_math, unsafe_no_auto_barriers=not auto_barriers),
       interpret=interpret)

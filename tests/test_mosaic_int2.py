@@ -77,6 +77,25 @@ def test_a_range_of_the_pool(interpret, first, count, windows, splits, options):
   np.testing.assert_allclose(out, want, atol=2e-3, rtol=0)
 
 
+@pytest.mark.parametrize("first,count,windows", [(None, None, None), (3, 29, 32), (5, 6, 12)])
+def test_four_warpgroups_a_cta(interpret, first, count, windows):
+  """Four programs a CTA (`warpgroups=4`: each its own buffers and pipeline): the whole pool (4 blocks a
+  split, more than the pipeline's 2 slots), and ranges whose last splits get fewer blocks or none."""
+  case = random_case(8, 3, 32 * mi.WINDOW, 7)
+  options = dict(warpgroups=4, overlap_values=False)
+  if first is None:
+    out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(options.items())))
+    np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
+    return
+  q, kc, ks, km, vc, vs, vm = case
+  o_t, m, l = mi.range_partials(q, kc, ks, km, vc, vs, vm, first, count, windows=windows, splits=4,
+                                interpret=interpret, **options)
+  tokens, windows_ = slice(first * mi.WINDOW, (first + count) * mi.WINDOW), slice(first, first + count)
+  want = mi.reference(q, kc[:, tokens], ks[:, windows_], km[:, windows_], vc[:, tokens], vs[:, windows_],
+                      vm[:, windows_])
+  np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, q.shape[1])), want, atol=2e-3, rtol=0)
+
+
 def test_splits_and_window_parities_merge(interpret):
   """The same keys over 1 and 4 splits give the same attention (the merge of partial softmaxes)."""
   case = random_case(3, 2, 256, 7)
@@ -94,18 +113,22 @@ def test_splits_and_window_parities_merge(interpret):
                                           overlap_values=False),
                                      dict(steps_per_block=2, defer_values_wgmma=True, overlap_values=False),
                                      dict(ranged=True, steps_per_block=2, bias_in_kernel=True,
-                                          defer_values_wgmma=True, overlap_values=False)])
+                                          defer_values_wgmma=True, overlap_values=False),
+                                     dict(warpgroups=4, overlap_values=False),
+                                     dict(ranged=True, warpgroups=4, overlap_values=False, steps_per_block=2)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
   import jax
   shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in random_case(0, 4, 512, 7)]
   options = dict(options)  # the parameter itself stays as given
+  splits = options.get("warpgroups", 2)
   if options.pop("ranged", False):
     lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.range_partials(
-        q, kc, ks, km, vc, vs, vm, 3, 9, windows=12, splits=2, **options))
+        q, kc, ks, km, vc, vs, vm, 3, 9, windows=12, splits=splits, **options))
   else:
     lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.int2_decode(
-        q, kc, ks, km if options.get("bias_in_kernel") else mi.key_bias(q, km), vc, vs, vm, splits=2, **options))
+        q, kc, ks, km if options.get("bias_in_kernel") else mi.key_bias(q, km), vc, vs, vm, splits=splits,
+        **options))
   text = lower.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
 
