@@ -154,6 +154,10 @@ class DecodeConfig:
 # bound's windows before it (untimed; "pallas:mosaic_int2_bias").
 MOSAIC_BIAS_IN_KERNEL = DecodeConfig(int2_mosaic=True,
                                      mosaic_options=DecodeConfig.mosaic_options + (("bias_in_kernel", True),))
+# Four programs a CTA of 512 threads (ptxas must fit 128 registers: 4 programs an SM), without the deferred
+# V wgmma (untimed; "pallas:mosaic_int2_wg4").
+MOSAIC_FOUR_WARPGROUPS = DecodeConfig(int2_mosaic=True, mosaic_programs_per_multiprocessor=4,
+                                      mosaic_options=(("overlap_values", False), ("warpgroups", 4)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -694,6 +698,8 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, w
   q = qg.reshape(n, g, h).astype(jnp.float32) * (q_scale * _LOG2E)
   flat = lambda x: x.reshape(n, *x.shape[2:])
   splits = mosaic_splits(n, max(1, -(-windows // 2)), config)
+  groups = dict(config.mosaic_options).get("warpgroups", 1)  # programs a CTA: the splits a multiple of it
+  splits = -(-splits // groups) * groups
   o_t, m, l = mosaic_int2.range_partials(
       q, flat(kp.data), flat(kp.scale), flat(kp.minimum), flat(vp.data), flat(vp.scale), flat(vp.minimum),
       first, count, windows=windows, splits=splits,

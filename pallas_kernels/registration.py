@@ -5,6 +5,7 @@
                           (JAX >= 0.11 only; pools it does not serve go through the Triton kernel)
     "pallas:mosaic_int2_bias"  that, with the key minimums' biases computed in the Mosaic kernel
                           (`bias_in_kernel`; untimed)
+    "pallas:mosaic_int2_wg4"   that, with four programs a CTA (`warpgroups=4`; untimed)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -48,3 +49,4 @@ register_variant("pallas", quantized_decode.DecodeConfig())
 if mosaic_int2.available():
   register_variant("pallas:mosaic_int2", quantized_decode.DecodeConfig(int2_mosaic=True))
   register_variant("pallas:mosaic_int2_bias", quantized_decode.MOSAIC_BIAS_IN_KERNEL)
+  register_variant("pallas:mosaic_int2_wg4", quantized_decode.MOSAIC_FOUR_WARPGROUPS)

@@ -156,8 +156,8 @@ def test_bad_shapes_are_refused():
     mi.query_operands(np.zeros((1, 9, mi.HEAD_DIM), np.float32))
 
 
-@pytest.mark.parametrize("bias_in_kernel", [False, True])
-def test_as_the_int2_phase_of_quantized_decode(interpret, bias_in_kernel):
+@pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups"])
+def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound."""
   import jax.numpy as jnp
@@ -182,7 +182,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, bias_in_kernel):
   rest_len = jnp.array([10, 20])
   qg = jnp.asarray(rng.normal(size=(b, kh, g, h)), jnp.float32)
   assert qd.mosaic_serves(k_pools[2], v_pools[2], g, h, window)
-  config = qd.MOSAIC_BIAS_IN_KERNEL if bias_in_kernel else qd.DecodeConfig(int2_mosaic=True)
+  config = dict(default=qd.DecodeConfig(int2_mosaic=True), bias_in_kernel=qd.MOSAIC_BIAS_IN_KERNEL,
+                four_warpgroups=qd.MOSAIC_FOUR_WARPGROUPS)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
