@@ -302,7 +302,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   elif k_bias.shape[2] != COLUMNS or (not ranged and k_bias.shape[1] != tokens // WINDOW):
     raise ValueError(f"a bias [N, windows, {COLUMNS}] from key_bias (range_bias for a range), got {k_bias.shape}")
   if not ranged:
-    range_params = jnp.zeros((32,), jnp.int32).at[1].set(tokens // WINDOW)  # the count of windows
+    range_params = jnp.zeros((32,), jnp.int32)  # unused: the whole pool's start and count are static
   blocks = tokens // (STEP * spb) // splits  # static, where not ranged
   bias_rows = (in_kernel_bias_rows(max_windows if ranged else tokens // WINDOW, splits, spb)
                if bias_in_kernel else 0)
@@ -602,9 +602,9 @@ MAX_BIAS_ROWS = 256  # 16 KB of shared memory a program, three programs an SM
 def in_kernel_bias_rows(windows: int, splits: int, steps_per_block: int = 1) -> int:
   """Rows of a program's bias buffer with `bias_in_kernel`: its windows (of at most `windows`), in chunks of
   64."""
-  blocks = -(-(-(-windows // 2)) // steps_per_block)
-  per_split = -(-blocks // splits)
-  return -(-2 * steps_per_block * per_split // STEP) * STEP
+  ceil = lambda a, b: -(-a // b)
+  per_split = ceil(ceil(ceil(windows, 2), steps_per_block), splits)  # blocks
+  return ceil(2 * steps_per_block * per_split, STEP) * STEP
 
 
 def merge(o_t, m, l, groups: int) -> jax.Array:
