@@ -48,8 +48,11 @@ VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
     "deferred_values_first_block2": dict(defer_values_wgmma=True, overlap_values=False, steps_per_block=2),
     "deferred_values_first_block2_bias": dict(defer_values_wgmma=True, overlap_values=False, steps_per_block=2,
                                               bias_in_kernel=True),
-    # four programs a CTA of 512 threads: ptxas must fit 128 registers, 4 programs an SM (untimed; splits
-    # must be a multiple of 4)
+    # the keys dequantized in registers as the values are: no bias, q^T stored once (untimed)
+    "dequantized_keys": dict(overlap_values=False, dequantize_keys=True),
+    "deferred_dequantized_keys": dict(defer_values_wgmma=True, overlap_values=False, dequantize_keys=True),
+    # four programs a CTA of 512 threads: ptxas must fit 128 registers, 4 programs an SM (splits must be a
+    # multiple of 4; wrong on the H200, session 22: `mosaic_int2_races_wg4_s22.json`)
     "values_first_wg4": dict(overlap_values=False, warpgroups=4),
     "values_first_wg4_block2": dict(overlap_values=False, warpgroups=4, steps_per_block=2),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
@@ -149,6 +152,13 @@ def markdown(report: dict) -> str:
   return "\n".join(lines) + "\n"
 
 
+def write(report: dict, out: Path, tag: str) -> None:
+  """The report so far (after every timed kernel): a run cut short keeps what it measured."""
+  out.mkdir(parents=True, exist_ok=True)
+  (out / f"{tag}.json").write_text(json.dumps(report, indent=1, default=str))
+  (out / f"{tag}.md").write_text(markdown(report))
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--batches", type=int, nargs="+", default=[8, 60])
@@ -193,6 +203,8 @@ def main(argv=None) -> int:
     row = dict(batch=batch, tokens=args.tokens, triton=tri,
                triton_TBps=tri["bytes"] / (tri["gpu_s"] or tri["wall_s"]) / 1e12)
     print(json.dumps(row, default=str), flush=True)
+    report["rows"].append(row)  # filled in below, and written after each kernel
+    write(report, args.out, args.tag)
     for variant in checked:
       for splits in args.splits:
         if time.time() - start > args.budget_s:
@@ -205,10 +217,7 @@ def main(argv=None) -> int:
         except Exception as e:  # a variant the device refuses: recorded, not fatal
           row[f"{name}_error"] = repr(e)[:400]
         print(json.dumps({k: v for k, v in row.items() if k.startswith(name)}, default=str), flush=True)
-    report["rows"].append(row)
-  args.out.mkdir(parents=True, exist_ok=True)
-  (args.out / f"{args.tag}.json").write_text(json.dumps(report, indent=1, default=str))
-  (args.out / f"{args.tag}.md").write_text(markdown(report))
+        write(report, args.out, args.tag)
   bad = [c for c, e in errors if not e < 5e-3]
   print("checks:", "FAILED " + ", ".join(bad) if bad else "passed")
   return 1 if bad else 0

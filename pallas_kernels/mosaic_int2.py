@@ -338,10 +338,18 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     else:
       my_bar = bar.at[0]
 
+    def read_before_reuse():
+      # A scoped buffer's memory is the next allocation's, which one thread fills by TMA at once: every
+      # warp must have read it first (without this barrier, a slow warp read the pipeline's first codes as
+      # its query: non-finite partials in ~1 call of 3 at 2-5 waves, session 22).
+      plgpu.commit_smem()
+
     def load_range(range_s):  # first window, count, bias row: through shared memory (a TMA moves >= 128 B)
       plgpu.copy_gmem_to_smem(range_g, range_s, my_bar)
       plgpu.barrier_wait(my_bar)
-      return range_s[0], range_s[1], range_s[2]
+      values = range_s[0], range_s[1], range_s[2]
+      read_before_reuse()
+      return values
     if ranged:  # in blocks of `spb` steps of two windows
       if groups > 1:
         start, count, bias_row = load_range(group_scratch[0].at[wg])
@@ -358,7 +366,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     def load_query(qt_s):  # scoped: its shared memory goes back to the pipeline's buffers
       plgpu.copy_gmem_to_smem(qt_g.at[pair], qt_s, my_bar)
       plgpu.barrier_wait(my_bar)
-      return plgpu.load(qt_s, layout=layout.WGMMA)
+      q = plgpu.load(qt_s, layout=layout.WGMMA)
+      read_before_reuse()
+      return q
     # Several warpgroups: through bq_s, which the first step overwrites (allocations are the CTA's there).
     q = load_query(bq_s) if groups > 1 else pl.run_scoped(load_query, smem((HEAD_DIM, COLUMNS), jnp.float16))
 
