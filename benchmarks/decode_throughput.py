@@ -82,6 +82,7 @@ METHODS = {
     "B": ("windowquant", WindowQuantConfig(random_plan=True)),
     "C": ("windowquant", WindowQuantConfig(reorder=False)),
 }
+NO_INT2_POOLS = {"fp16", "rtn4", "kivi4"}  # the same program under every "pallas:mosaic_*" as under "pallas"
 XLA_ONLY = {"C"}  # the interleaved layout has one reader, XLA's: timed under "xla" whatever --attention asks
 ALPHAS = (0.5, 1.0, 2.0, 3.0, 4.0)
 WINDOW_SIZES = (8, 16, 32, 64, 128)
@@ -271,9 +272,9 @@ class Report:
          "of identical requests votes"),
         ("- ms_step: median decode-loop time / (steps - 1) after a warm-up call (the first token comes from "
          "the prefill logits); tok_s = batch / step; floor = (weights + cache bytes) / copy bandwidth"),
-        ("- speedup_vs_fp16: fp16's step / this step, same setting and attention (C, timed under xla only: "
-         "fp16 under the first attention asked for where fp16 did not run under xla; vs_fp16_attention says "
-         "which); byte_speedup: (weights + fp16 cache) / (weights + this cache); achieved = speedup_vs_fp16 "
+        ("- speedup_vs_fp16: fp16's step / this step, same setting and attention, else fp16 under the "
+         "first attention asked for (C runs under xla only; fp16 has no INT2 pool, so it is not timed again "
+         "under the pallas:mosaic_* paths); vs_fp16_attention says which; byte_speedup: (weights + fp16 cache) / (weights + this cache); achieved = speedup_vs_fp16 "
          "/ byte_speedup"),
         ("- A: no fixed first window; B: random bit widths, each layer's searched counts; C: no reorder "
          "(interleaved layout, XLA reader only). Random weights: plans come from random embeddings; "
@@ -366,13 +367,21 @@ def run_jobs(model, prefilled, jobs: list[Job], args, budget: Budget, report: Re
     report.write()
 
 
+def _attentions(method: str, asked: list[str]) -> list[str]:
+  """The attentions to time `method` under: the Mosaic INT2 paths only where it has INT2 pools (else they
+  would time "pallas" again), unless "pallas" itself was not asked for."""
+  if method in NO_INT2_POOLS and "pallas" in asked:
+    return [a for a in asked if not a.startswith("pallas:mosaic")]
+  return asked
+
+
 def main_rows(model, prefills, built, setting: Setting, args, device, budget, report, workspace) -> None:
   """Times every (method, attention) of a setting; notes each loop's workspace in `workspace`."""
   prefilled = prefills[setting.frames]
   jobs = [Job({"setting": setting.name, "method": m, "attention": a + (f" [{name}]" if name else "")},
               built[setting.frames, m], setting.batch, a, options)
           for name, options in [("", None), *args.xla_options]
-          for m in args.methods for a in (["xla"] if m in XLA_ONLY else args.attention)]
+          for m in args.methods for a in (["xla"] if m in XLA_ONLY else _attentions(m, args.attention))]
 
   def on_timed(job, t):
     m, a = job.label["method"], job.label["attention"]

@@ -124,3 +124,11 @@ def test_full_size_refuses_other_families(tmp_path):
   from benchmarks import full_size
   with pytest.raises(ValueError, match="LLaVA-OneVision and Qwen2-VL"):
     full_size.model("internvl2-8b", tmp_path)
+
+
+def test_methods_without_int2_pools_are_not_timed_again_under_the_mosaic_paths():
+  asked = ["pallas", "pallas:mosaic_int2", "pallas:mosaic_int2_keys"]
+  assert decode_throughput._attentions("fp16", asked) == ["pallas"]
+  assert decode_throughput._attentions("rtn4", asked) == ["pallas"]
+  assert decode_throughput._attentions("windowquant", asked) == asked
+  assert decode_throughput._attentions("fp16", ["pallas:mosaic_int2"]) == ["pallas:mosaic_int2"]
