@@ -416,8 +416,9 @@ VARIANTS = {
     # the INT2 pool through the Mosaic GPU kernel (JAX >= 0.11; pallas_kernels/mosaic_int2.py), the rest as the
     # default (2026-12-04 05:18, batch 8 x 32k: 150 µs on the mix against the default's 158)
     "mosaic_int2": qd.DecodeConfig(int2_mosaic=True),
-    "mosaic_int2_bias": qd.MOSAIC_BIAS_IN_KERNEL,  # and the key minimums' biases in the kernel (untimed)
-    "mosaic_int2_wg4": qd.MOSAIC_FOUR_WARPGROUPS,  # four programs a CTA, 128 registers (untimed)
+    "mosaic_int2_bias": qd.MOSAIC_BIAS_IN_KERNEL,  # and the key minimums' biases in the kernel
+    "mosaic_int2_keys": qd.MOSAIC_DEQUANTIZED_KEYS,  # and the keys dequantized in registers: no bias (untimed)
+    "mosaic_int2_wg4": qd.MOSAIC_FOUR_WARPGROUPS,  # four programs a CTA, 128 registers (wrong on the H200, s22)
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=qd.DecodeConfig.mosaic_options + (("steps_per_block", 2),)),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)

@@ -250,7 +250,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
                 auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True,
                 defer_values_wgmma: bool = False, values_by_part: bool = False, keys_in_smem: bool = False,
-                bias_in_kernel: bool = False, steps_per_block: int = 1, warpgroups: int = 1,
+                bias_in_kernel: bool = False, dequantize_keys: bool = False, steps_per_block: int = 1,
+                warpgroups: int = 1,
                 max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
@@ -271,7 +272,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   k_bias is the key minimums [N, W, H] themselves, and each program computes its windows' biases before
   its loop (wgmmas of 64 windows' minimums against q^T, into shared memory): no XLA pass over the
   minimums, and none over windows past a range's count (untimed; at most `MAX_BIAS_ROWS` windows a
-  split, a range's bound given as `max_windows`); `steps_per_block`: 64-token steps a pipeline iteration
+  split, a range's bound given as `max_windows`); `dequantize_keys`: k_bias is the key minimums [N, W, H],
+  read a step beside the scales, and the keys are dequantized in registers as the values are (code x scale
+  + minimum, one f16x2 fma): q^T goes to shared memory once, not scaled a step, and there is no bias at all
+  (no XLA pass, no per-step store and barrier for q; windows past a range's count masked by index; untimed);
+  `steps_per_block`: 64-token steps a pipeline iteration
   (one TMA issue, barrier wait and slot computation for them all; with 2 and `defer_values_wgmma`, the V
   and P buffers' slots are static; untimed); `warpgroups`: programs (warpgroups) a CTA, each with its own
   buffers and a pipeline written out by hand. Four make a CTA of 512 threads, for which ptxas must fit 128
@@ -295,12 +300,16 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if packed * 4 != HEAD_DIM or (not ranged and tokens % (STEP * spb * splits)):
     raise ValueError(f"codes {k_codes.shape}: need [N, T, {HEAD_DIM // 4}] with T a multiple of {STEP} x "
                      f"steps_per_block x splits")
+  if dequantize_keys and (bias_in_kernel or keys_in_smem or magic_exponents):
+    raise ValueError("dequantize_keys adds no bias: not with bias_in_kernel, keys_in_smem or magic_exponents")
   if bias_in_kernel:
     if k_bias.shape[2] != HEAD_DIM or (ranged and max_windows is None):
       raise ValueError(f"bias_in_kernel takes the key minimums [N, windows, {HEAD_DIM}] (and a range's "
                        f"max_windows), got {k_bias.shape}, max_windows={max_windows}")
-  elif k_bias.shape[2] != COLUMNS or (not ranged and k_bias.shape[1] != tokens // WINDOW):
-    raise ValueError(f"a bias [N, windows, {COLUMNS}] from key_bias (range_bias for a range), got {k_bias.shape}")
+  elif (k_bias.shape[2] != (HEAD_DIM if dequantize_keys else COLUMNS)
+        or (not ranged and k_bias.shape[1] != tokens // WINDOW)):
+    raise ValueError(f"k_bias: a bias [N, windows, {COLUMNS}] from key_bias (range_bias for a range), or with "
+                     f"dequantize_keys the key minimums [N, windows, {HEAD_DIM}]; got {k_bias.shape}")
   if not ranged:
     range_params = jnp.zeros((32,), jnp.int32)  # unused: the whole pool's start and count are static
   blocks = tokens // (STEP * spb) // splits  # static, where not ranged
@@ -317,7 +326,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   magic = fast and magic_exponents
   defer = defer_values_wgmma and interpret is None
   slots = 2 if defer else 1
-  qt = query_operands(q, part_scaled=not magic)
+  qt = query_operands(q, part_scaled=not (magic or dequantize_keys))
   q_raw = query_operands(q, part_scaled=False) if bias_in_kernel else qt  # q^T for the minimums' products
 
   def swizzled(row_bytes, dtype):  # the interpret mode takes plain buffers
@@ -371,11 +380,15 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return q
     # Several warpgroups: through bq_s, which the first step overwrites (allocations are the CTA's there).
     q = load_query(bq_s) if groups > 1 else pl.run_scoped(load_query, smem((HEAD_DIM, COLUMNS), jnp.float16))
+    if dequantize_keys and groups == 1:  # q^T once: the keys carry their own scales (bq_s has it otherwise)
+      bq_s[...] = q
+      plgpu.commit_smem()
 
     col = plgpu.broadcasted_iota(jnp.int32, (HEAD_DIM, COLUMNS), 1, layout=layout.WGMMA)
     row = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 0, layout=layout.WGMMA)
     first_half = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 1, layout=layout.WGMMA) < COLUMNS // 2
     own_window = (row < WINDOW) == first_half
+    column_window = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 1, layout=layout.WGMMA) // (COLUMNS // 2)
     token = plgpu.broadcasted_iota(jnp.int32, (STEP, WINDOW), 0, layout=layout.WGMMA)
 
     def window_biases(kmin_s, qr_s):  # `bias_in_kernel`: bias_s row j = window start + first_window + j
@@ -415,6 +428,16 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return [plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
               for part in parts]
 
+    def plain_dequantized(codes, scale_ref, minimum_ref, part):  # Mosaic's own conversions (interpret mode)
+      values = plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
+      return values * (per_token(scale_ref, part) * jnp.float16(4.0 ** -part)) + per_token(minimum_ref, part)
+
+    def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
+      if fast:
+        return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma)
+      codes = plgpu.load(kc_s, layout=layout.WGMMA_UPCAST_2X)
+      return [plain_dequantized(codes, ks_s, km_s, part) for part in range(4)]
+
     def dequantize_values(vc_s, vs_s, vm_s, v_s):  # into v_s [64 tokens, 128 channels] f16
       if fast:
         codes = plgpu.load(vc_s, layout=layout.WGMMA)
@@ -426,9 +449,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         return
       codes = plgpu.load(vc_s, layout=layout.WGMMA_UPCAST_2X)
       for part in range(4):
-        values = plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
-        scale = per_token(vs_s, part) * jnp.float16(4.0 ** -part)
-        v_s[:, pl.ds(WINDOW * part, WINDOW)] = values * scale + per_token(vm_s, part)
+        v_s[:, pl.ds(WINDOW * part, WINDOW)] = plain_dequantized(codes, vs_s, vm_s, part)
 
     def block(indices, *refs):  # `spb` steps
       if bias_in_kernel:
@@ -447,11 +468,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       acc, m_run, l_rows = carry  # acc: None where O^T accumulates in place (`defer`)
       slot = (i % slots if spb % slots == 0 else lax.rem(index, slots)) if defer else 0
       v_s, p_s = v_slots.at[slot], p_slots.at[slot]
-      if fast:
-        bq_s[...] = _scaled_query(q, ks_s)
-      else:
-        bq_s[...] = (q.astype(jnp.float32) * per_column(ks_s)).astype(jnp.float16)
-      plgpu.commit_smem()
+      if not dequantize_keys:  # q^T times the step's key scales
+        if fast:
+          bq_s[...] = _scaled_query(q, ks_s)
+        else:
+          bq_s[...] = (q.astype(jnp.float32) * per_column(ks_s)).astype(jnp.float16)
+        plgpu.commit_smem()
 
       def scores(s_acc, k_s=None):
         if not overlap_values:
@@ -462,7 +484,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           plgpu.commit_smem()
           plgpu.wgmma(s_acc, k_s, bq_s)
         else:
-          keys = unpacked_keys(kc_s)
+          keys = dequantized_keys(kc_s, ks_s, kb_s) if dequantize_keys else unpacked_keys(kc_s)
           for part in range(4):
             plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(WINDOW * part, WINDOW)])
         if overlap_values:
@@ -476,9 +498,13 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                           smem((STEP, HEAD_DIM), jnp.float16, 32))
       else:
         s = pl.run_scoped(scores, accumulator)
-      bias = [lax.broadcast_in_dim(plgpu.load(kb_s.at[w], layout=layout.WGMMA.reduce(0)), s.shape, [1])
-              for w in range(2)]  # columns 0-7 from the first window's row, 8-15 from the second's
-      s = jnp.where(own_window, s + jnp.where(first_half, bias[0], bias[1]), _NEG)
+      if dequantize_keys:  # kb_s holds the minimums, already in the keys; a range masks past its count
+        past = first_window + 2 * index  # the step's first window, from the range's start
+        s = jnp.where(own_window & (column_window < count - past) if ranged else own_window, s, _NEG)
+      else:
+        bias = [lax.broadcast_in_dim(plgpu.load(kb_s.at[w], layout=layout.WGMMA.reduce(0)), s.shape, [1])
+                for w in range(2)]  # columns 0-7 from the first window's row, 8-15 from the second's
+        s = jnp.where(own_window, s + jnp.where(first_half, bias[0], bias[1]), _NEG)
       m_new = jnp.maximum(m_run, s.max(axis=0))
       alpha = jnp.exp2(m_run - m_new)
       p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
@@ -520,6 +546,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         metadata = lambda: plgpu.BlockSpec((2 * spb, HEAD_DIM), lambda s: (begin + s, 0))
         bias = plgpu.BlockSpec((2 * spb, COLUMNS), lambda s: (begin + s, 0))
       specs, inputs = [codes(), metadata(), bias, codes(), metadata(), metadata()], [kc_g, ks_g, kb_g, vc_g, vs_g, vm_g]
+      if dequantize_keys:  # the key minimums, beside the scales
+        specs[2] = metadata()
       if bias_in_kernel:  # computed before the loop, into bias_s
         del specs[2], inputs[2]
       if groups > 1:
@@ -538,7 +566,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       barriers = group_scratch[9]
       sources = [kc_g, ks_g, kb_g, vc_g, vs_g, vm_g]
       rows = [STEP * spb, 2 * spb, 2 * spb, STEP * spb, 2 * spb, 2 * spb]
-      first = [WINDOW * start, start, bias_row, WINDOW * start, start, start]
+      first = [WINDOW * start, start, start if dequantize_keys else bias_row, WINDOW * start, start, start]
 
       def fetch(index):  # block `index` of the split into its slot
         slot = lax.rem(index, stages)
@@ -589,7 +617,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     codes_of = lambda: blocks_of((STEP * spb, HEAD_DIM // 4), jnp.uint8, HEAD_DIM // 4)
     scratch += [smem((groups, 32), jnp.int32), smem((groups, HEAD_DIM, COLUMNS), jnp.float32),
                 smem((groups, 2, COLUMNS), jnp.float32),
-                codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16), blocks_of((2 * spb, COLUMNS), jnp.float32),
+                codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
+                blocks_of((2 * spb, HEAD_DIM), jnp.float16) if dequantize_keys else blocks_of((2 * spb, COLUMNS),
+                                                                                               jnp.float32),
                 codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
                 plgpu.Barrier(num_arrivals=6, num_barriers=groups * stages)]
     threads = dict(num_threads=groups, thread_name="wg")
@@ -652,7 +682,9 @@ def range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, c
   spb = options.get("steps_per_block", 1)
   if options.get("bias_in_kernel") and in_kernel_bias_rows(windows, splits, spb) > MAX_BIAS_ROWS:
     options = dict(options, bias_in_kernel=False)  # too many windows a split to hold their biases
-  if options.get("bias_in_kernel"):
+  if options.get("dequantize_keys"):  # the kernel reads the minimums at the range's windows
+    bias, bias_row = k_min, jnp.int32(0)
+  elif options.get("bias_in_kernel"):
     bias, bias_row, options = k_min, jnp.int32(0), dict(options, max_windows=windows)
   else:
     bias, bias_row = range_bias(q, k_min, first, count, windows, spb)
@@ -671,7 +703,8 @@ def attend(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, 
     o_t, m, l = range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, 0, windows, windows=windows,
                                splits=splits, interpret=interpret, **dict(options))
   else:
-    bias = k_min if dict(options).get("bias_in_kernel") else key_bias(q, k_min)
+    own_minimums = dict(options).get("bias_in_kernel") or dict(options).get("dequantize_keys")
+    bias = k_min if own_minimums else key_bias(q, k_min)
     o_t, m, l = int2_decode(q, k_codes, k_scale, bias, v_codes, v_scale, v_min,
                             splits=splits, interpret=interpret, **dict(options))
   return merge(o_t, m, l, q.shape[1])

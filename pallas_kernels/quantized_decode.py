@@ -138,24 +138,34 @@ class DecodeConfig:
   combine_splits_a_step: int = 8  # partial softmaxes the combine kernel merges a loop step
   # The INT2 pool (window-wise key and value scales, window 32, head dim 128, G <= 8) in a launch of
   # `mosaic_int2.py`'s Mosaic GPU kernel (JAX >= 0.11), merged with the other launches' partials by the
-  # combine. Off until timed in the 7B step: one layer at batch 8 x 32k (H200, 2026-12-04) it is 1.06 x the
-  # Triton kernel on the mixed plan and 1.14 x on INT2, but the step (before its range followed the count)
-  # was slower; the variant "pallas:mosaic_int2" (registration.py) turns it on.
+  # combine. Off: one layer at batch 8 x 32k it is 1.06 x the Triton kernel on the mixed plan and 1.14 x on
+  # INT2 (H200, session 21), and its launches in the 7B step at 32 x 100 take 5.26 ms a step against the
+  # Triton launch's 5.95, but the XLA work around them (the bias's slice and einsum, transposes, padding)
+  # costs 1.3 ms more: the step is 11.50 ms against 10.73 (session 22,
+  # `decode_profile_*_mosaic_s22_gpu.md`). "pallas:mosaic_int2" (registration.py) turns it on.
   int2_mosaic: bool = False
   mosaic_programs_per_multiprocessor: int = 3  # its 148 registers a thread leave room for three
   # `mosaic_int2.int2_decode` keywords, as (name, value) pairs: the fastest variant (H200, 2026-12-04,
   # `mosaic_int2_s21_run2_h200.md`, 32k tokens), the V wgmma waited for in the next step and the values
   # dequantized before the key wgmma: 578 µs against 637 (`fast`) and Triton's 645 at batch 60, 317 against
-  # 351 and 345 at batch 32, 94 against 98 and 101 at batch 8.
+  # 351 and 345 at batch 32, 94 against 98 and 101 at batch 8. (Until session 22 its partials were sometimes
+  # not finite past one wave: a race on the query's buffer, fixed in `mosaic_int2.py`.)
   mosaic_options: tuple = (("defer_values_wgmma", True), ("overlap_values", False))
 
 
 # The Mosaic INT2 launch with its key minimums' biases computed in the kernel, not by an XLA einsum over the
-# bound's windows before it (untimed; "pallas:mosaic_int2_bias").
+# bound's windows before it ("pallas:mosaic_int2_bias"). Slower in the 7B step (session 22, 32 x 100: 11.68
+# ms against Triton's 11.01; its kernel 5.94 ms a step against 5.05 without): the biases are computed before
+# the loop, in series with it.
 MOSAIC_BIAS_IN_KERNEL = DecodeConfig(int2_mosaic=True,
                                      mosaic_options=DecodeConfig.mosaic_options + (("bias_in_kernel", True),))
+# The keys dequantized in registers as the values are: no bias anywhere, q^T stored once (untimed;
+# "pallas:mosaic_int2_keys").
+MOSAIC_DEQUANTIZED_KEYS = DecodeConfig(int2_mosaic=True,
+                                       mosaic_options=DecodeConfig.mosaic_options + (("dequantize_keys", True),))
 # Four programs a CTA of 512 threads (ptxas must fit 128 registers: 4 programs an SM), without the deferred
-# V wgmma (untimed; "pallas:mosaic_int2_wg4").
+# V wgmma. Wrong on the H200 (session 22, `mosaic_int2_races_wg4_s22.json`: some splits off by up to 0.09,
+# changing from call to call; right in the interpret mode), so not registered.
 MOSAIC_FOUR_WARPGROUPS = DecodeConfig(int2_mosaic=True, mosaic_programs_per_multiprocessor=4,
                                       mosaic_options=(("overlap_values", False), ("warpgroups", 4)))
 

@@ -4,8 +4,9 @@
     "pallas:mosaic_int2"  the same, with the INT2 pool through mosaic_int2.py's Mosaic GPU kernel
                           (JAX >= 0.11 only; pools it does not serve go through the Triton kernel)
     "pallas:mosaic_int2_bias"  that, with the key minimums' biases computed in the Mosaic kernel
-                          (`bias_in_kernel`; untimed)
-    "pallas:mosaic_int2_wg4"   that, with four programs a CTA (`warpgroups=4`; untimed)
+                          (`bias_in_kernel`; slower in the 7B step, session 22)
+    "pallas:mosaic_int2_keys"  that, with the keys dequantized in registers: no bias (`dequantize_keys`;
+                          untimed)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -49,4 +50,4 @@ register_variant("pallas", quantized_decode.DecodeConfig())
 if mosaic_int2.available():
   register_variant("pallas:mosaic_int2", quantized_decode.DecodeConfig(int2_mosaic=True))
   register_variant("pallas:mosaic_int2_bias", quantized_decode.MOSAIC_BIAS_IN_KERNEL)
-  register_variant("pallas:mosaic_int2_wg4", quantized_decode.MOSAIC_FOUR_WARPGROUPS)
+  register_variant("pallas:mosaic_int2_keys", quantized_decode.MOSAIC_DEQUANTIZED_KEYS)

@@ -46,10 +46,11 @@ def test_matches_dequantize_then_attend(interpret, seed, pairs, tokens, groups, 
 
 
 @pytest.mark.parametrize("option,value", [("overlap_values", False), ("keys_in_smem", True), ("bias_in_kernel", True),
-                                          ("steps_per_block", 2)])
+                                          ("steps_per_block", 2), ("dequantize_keys", True)])
 def test_orderings_match(interpret, option, value):
   """The values dequantized before the score wgmma, the keys through shared memory, the minimums' biases
-  computed in the kernel, or two steps a pipeline iteration, compute the same."""
+  computed in the kernel, two steps a pipeline iteration, or the keys dequantized in registers (no bias),
+  compute the same."""
   case = random_case(4, 2, 256, 7)
   out = np.asarray(mi.attend(*case, splits=1, interpret=interpret, options=((option, value),)))
   np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
@@ -58,7 +59,8 @@ def test_orderings_match(interpret, option, value):
 @pytest.mark.parametrize("first,count,windows,splits", [(3, 7, 10, 1), (0, 8, 8, 2), (5, 4, 6, 2), (12, 4, 6, 2),
                                                      (9, 7, 16, 4), (2, 1, 8, 3), (4, 0, 4, 2)])
 @pytest.mark.parametrize("options", [{}, dict(bias_in_kernel=True), dict(steps_per_block=2),
-                                     dict(bias_in_kernel=True, steps_per_block=2)])
+                                     dict(bias_in_kernel=True, steps_per_block=2), dict(dequantize_keys=True),
+                                     dict(dequantize_keys=True, steps_per_block=2)])
 def test_a_range_of_the_pool(interpret, first, count, windows, splits, options):
   """A layer's windows of a shared pool: an odd first window, a count below the static bound (the splits
   share the count's steps; some get none), a bound running past the pool, a single window, no window."""
@@ -114,6 +116,9 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(steps_per_block=2, defer_values_wgmma=True, overlap_values=False),
                                      dict(ranged=True, steps_per_block=2, bias_in_kernel=True,
                                           defer_values_wgmma=True, overlap_values=False),
+                                     dict(dequantize_keys=True, overlap_values=False),
+                                     dict(ranged=True, dequantize_keys=True, defer_values_wgmma=True,
+                                          overlap_values=False),
                                      dict(warpgroups=4, overlap_values=False),
                                      dict(ranged=True, warpgroups=4, overlap_values=False, steps_per_block=2)])
 def test_lowers_for_cuda(options):
@@ -127,7 +132,8 @@ def test_lowers_for_cuda(options):
         q, kc, ks, km, vc, vs, vm, 3, 9, windows=12, splits=splits, **options))
   else:
     lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.int2_decode(
-        q, kc, ks, km if options.get("bias_in_kernel") else mi.key_bias(q, km), vc, vs, vm, splits=splits,
+        q, kc, ks, km if options.get("bias_in_kernel") or options.get("dequantize_keys") else mi.key_bias(q, km),
+        vc, vs, vm, splits=splits,
         **options))
   text = lower.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
@@ -156,7 +162,7 @@ def test_bad_shapes_are_refused():
     mi.query_operands(np.zeros((1, 9, mi.HEAD_DIM), np.float32))
 
 
-@pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups"])
+@pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound."""
@@ -183,7 +189,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   qg = jnp.asarray(rng.normal(size=(b, kh, g, h)), jnp.float32)
   assert qd.mosaic_serves(k_pools[2], v_pools[2], g, h, window)
   config = dict(default=qd.DecodeConfig(int2_mosaic=True), bias_in_kernel=qd.MOSAIC_BIAS_IN_KERNEL,
-                four_warpgroups=qd.MOSAIC_FOUR_WARPGROUPS)[variant]
+                four_warpgroups=qd.MOSAIC_FOUR_WARPGROUPS, dequantize_keys=qd.MOSAIC_DEQUANTIZED_KEYS)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
