@@ -261,6 +261,12 @@ def test_combine_sets_matches_combine_splits_of_the_concatenation():
   want = qd.combine_splits(*(jnp.concatenate(x, axis=2) for x in zip(sets[0], padded)))[:, :, :group]
   got = qd.combine_sets(sets, group)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+  # the second set heads last, as the Mosaic launch writes it: 6 parts = 3 splits x 2 window parities
+  o = sets[1][0]
+  heads_last = o.reshape(b, kh, 3, 2, 8, h).transpose(0, 1, 2, 5, 3, 4)  # [B, K, 3, H, 2, 8]
+  np.testing.assert_array_equal(np.asarray(qd._rows_first(heads_last)), np.asarray(o))
+  got = qd.combine_sets([sets[0], (heads_last, *sets[1][1:])], group)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
 def test_fused_combine_through_the_kernel():
