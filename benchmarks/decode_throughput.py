@@ -274,8 +274,8 @@ class Report:
          "the prefill logits); tok_s = batch / step; floor = (weights + cache bytes) / copy bandwidth"),
         ("- speedup_vs_fp16: fp16's step / this step, same setting and attention, else fp16 under the "
          "first attention asked for (C runs under xla only; fp16 has no INT2 pool, so it is not timed again "
-         "under the pallas:mosaic_* paths); vs_fp16_attention says which; byte_speedup: (weights + fp16 cache) / (weights + this cache); achieved = speedup_vs_fp16 "
-         "/ byte_speedup"),
+         "under the pallas:mosaic_* paths); vs_fp16_attention says which; byte_speedup: (weights + fp16 "
+         "cache) / (weights + this cache); achieved = speedup_vs_fp16 / byte_speedup"),
         ("- A: no fixed first window; B: random bit widths, each layer's searched counts; C: no reorder "
          "(interleaved layout, XLA reader only). Random weights: plans come from random embeddings; "
          "windows_16_4_2 counts every layer's windows at 16, 4 and 2 bits"),
