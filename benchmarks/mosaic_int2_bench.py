@@ -51,6 +51,10 @@ VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
     # the keys dequantized in registers as the values are: no bias, q^T stored once (untimed)
     "dequantized_keys": dict(overlap_values=False, dequantize_keys=True),
     "deferred_dequantized_keys": dict(defer_values_wgmma=True, overlap_values=False, dequantize_keys=True),
+    # P against the maximum agreed so far: one barrier a step (untimed)
+    "deferred_values_first_lagged": dict(defer_values_wgmma=True, overlap_values=False, lagged_max=True),
+    "deferred_dequantized_keys_lagged": dict(defer_values_wgmma=True, overlap_values=False, dequantize_keys=True,
+                                             lagged_max=True),
     # four programs a CTA of 512 threads: ptxas must fit 128 registers, 4 programs an SM (splits must be a
     # multiple of 4; wrong on the H200, session 22: `mosaic_int2_races_wg4_s22.json`)
     "values_first_wg4": dict(overlap_values=False, warpgroups=4),

@@ -207,6 +207,39 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
   return unpack(codes, scale_ref, minimum_ref) if values else unpack(codes)
 
 
+LAG_MARGIN = 8.0  # `lagged_max`: scores may exceed the agreed maximum by this much (base 2): P <= 256
+
+
+def _vote_by_warp(x, limit, votes_ref):
+  """Writes to votes_ref[w] (int32 [4], shared memory) whether any thread of warp w holds an element of x
+  above limit (f32 [64, 16], WGMMA layout): a warp vote, no exchange between warps until a barrier."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm, memref, vector
+
+  wgmma = plgpu.Layout.WGMMA
+
+  @plgpu.inline_mgpu(arg_types=(wgmma, wgmma, plgpu.RefType()))
+  def vote(ctx, x, limit, votes):
+    del ctx
+    i32 = ir.IntegerType.get_signless(32)
+    over = None
+    for a, b in zip(x.registers.flat, limit.registers.flat):
+      above = arith.cmpf(arith.CmpFPredicate.OGT, a, b)
+      for k in range(ir.VectorType(above.type).shape[0]):
+        bit = vector.extract(above, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([k]))
+        over = bit if over is None else arith.ori(over, bit)
+    word = arith.extui(i32, over)
+    voted = llvm.inline_asm(
+        i32, [word], "{ .reg .pred p; setp.ne.u32 p, $1, 0; vote.sync.any.pred p, p, 0xffffffff; "
+        "selp.u32 $0, 1, 0, p; }", "=r,r", has_side_effects=True)
+    warp = arith.remui(mgpu.utils.warp_idx(sync=False), arith.constant(i32, 4))
+    memref.store(voted, votes, [arith.index_cast(ir.IndexType.get(), warp)])  # every lane, the same word
+
+  vote(x, limit, votes_ref)
+
+
 def _scaled_query(q, scale_ref):
   """q^T [128, 16] f16 (WGMMA layout) times the step's key scales ([2, H] ref): column c takes window
   c // 8's. A register holds two columns of one window (pairs never straddle the 8-column blocks), so one
@@ -250,8 +283,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
                 auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True,
                 defer_values_wgmma: bool = False, values_by_part: bool = False, keys_in_smem: bool = False,
-                bias_in_kernel: bool = False, dequantize_keys: bool = False, steps_per_block: int = 1,
-                warpgroups: int = 1,
+                bias_in_kernel: bool = False, dequantize_keys: bool = False, lagged_max: bool = False,
+                steps_per_block: int = 1, warpgroups: int = 1,
                 max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
@@ -276,6 +309,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   read a step beside the scales, and the keys are dequantized in registers as the values are (code x scale
   + minimum, one f16x2 fma): q^T goes to shared memory once, not scaled a step, and there is no bias at all
   (no XLA pass, no per-step store and barrier for q; windows past a range's count masked by index; untimed);
+  `lagged_max`: a step's P is taken against the maximum agreed so far, not this step's (which lies across
+  the 4 warps: Mosaic's reduction costs a store, two barriers and loads a step). Each warp votes whether any
+  score exceeds that maximum by more than `LAG_MARGIN` (P <= 2^8 stays exact enough in f16) and writes its
+  vote beside P before P's barrier; only where a vote is cast (uniform, read after the barrier) is the true
+  maximum reduced and P recomputed (the first step with a score always; untimed);
   `steps_per_block`: 64-token steps a pipeline iteration
   (one TMA issue, barrier wait and slot computation for them all; with 2 and `defer_values_wgmma`, the V
   and P buffers' slots are static; untimed); `warpgroups`: programs (warpgroups) a CTA, each with its own
@@ -300,6 +338,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if packed * 4 != HEAD_DIM or (not ranged and tokens % (STEP * spb * splits)):
     raise ValueError(f"codes {k_codes.shape}: need [N, T, {HEAD_DIM // 4}] with T a multiple of {STEP} x "
                      f"steps_per_block x splits")
+  if lagged_max and warpgroups > 1:
+    raise ValueError("lagged_max votes by warp within one warpgroup: not with warpgroups > 1")
   if dequantize_keys and (bias_in_kernel or keys_in_smem or magic_exponents):
     raise ValueError("dequantize_keys adds no bias: not with bias_in_kernel, keys_in_smem or magic_exponents")
   if bias_in_kernel:
@@ -338,7 +378,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     return plgpu.SMEM(shape, dtype, transforms=swizzled(row_bytes, dtype) if row_bytes else ())
 
   def kernel(range_g, qt_g, qr_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_slots, p_slots,
-             bias_s, bar, *group_scratch):
+             bias_s, vote_slots, bar, *group_scratch):
     pair, split = lax.axis_index("pair"), lax.axis_index("split")
     if groups > 1:  # this warpgroup's split and buffers
       wg = lax.axis_index("wg")
@@ -505,17 +545,21 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         bias = [lax.broadcast_in_dim(plgpu.load(kb_s.at[w], layout=layout.WGMMA.reduce(0)), s.shape, [1])
                 for w in range(2)]  # columns 0-7 from the first window's row, 8-15 from the second's
         s = jnp.where(own_window, s + jnp.where(first_half, bias[0], bias[1]), _NEG)
-      m_new = jnp.maximum(m_run, s.max(axis=0))
+      if lagged_max:  # P against the agreed maximum, stored with the warps' votes before P's barrier
+        m_new, p = lagged_softmax(s, m_run, p_s, vote_slots.at[lax.rem(index, 2)])
+      else:
+        m_new = jnp.maximum(m_run, s.max(axis=0))
+        p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
       alpha = jnp.exp2(m_run - m_new)
-      p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
       # Row sums are kept a thread's rows apart and reduced once at the end: no exchange between warps.
       l_rows = l_rows * lax.broadcast_in_dim(alpha, s.shape, [1]) + p
       if defer:
         o_acc[...] = o_acc[...] * lax.broadcast_in_dim(alpha, (HEAD_DIM, COLUMNS), [1])
       else:
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
-      p_s[...] = p.astype(jnp.float16)
-      plgpu.commit_smem()
+      if not lagged_max:
+        p_s[...] = p.astype(jnp.float16)
+        plgpu.commit_smem()
       if defer:  # waited for in the next step (or after the loop)
         plgpu.wgmma(o_acc, v_s.transpose((1, 0)), p_s)
         return acc, m_new, l_rows
@@ -526,6 +570,28 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         return o_acc[...]
       acc = acc + pl.run_scoped(attend, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
       return acc, m_new, l_rows
+
+    def lagged_softmax(s, m_run, p_s, votes):
+      """(maximum, P) of a step's scores s: P = 2^(s - m_run) where no score exceeds m_run by more than
+      LAG_MARGIN, else (a uniform branch) the true running maximum and P against it. P is in p_s, fenced."""
+      limit = lax.broadcast_in_dim(m_run + LAG_MARGIN, s.shape, [1])
+      p = jnp.exp2(s - lax.broadcast_in_dim(m_run, s.shape, [1]))
+      p_s[...] = p.astype(jnp.float16)
+      if interpret is None:  # each warp's vote in shared memory; P's barrier publishes both
+        _vote_by_warp(s, limit, votes)
+        plgpu.commit_smem()
+        over = (votes[0] | votes[1] | votes[2] | votes[3]) != 0
+      else:  # the interpret mode runs the warpgroup as one: its own reduction
+        over = jnp.any(s > limit)
+        plgpu.commit_smem()
+
+      def reduce_and_redo():
+        m_new = jnp.maximum(m_run, s.max(axis=0))
+        p_new = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
+        p_s[...] = p_new.astype(jnp.float16)
+        plgpu.commit_smem()
+        return m_new, p_new
+      return lax.cond(over, reduce_and_redo, lambda: (m_run, p))
 
     def run_loop(accumulator=None):  # accumulator: O^T's wgmma accumulator where it accumulates in place
       nonlocal o_acc
@@ -610,7 +676,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   scratch = [smem((*per_group, HEAD_DIM, COLUMNS), jnp.float16, 32),
              smem((*per_group, slots, STEP, HEAD_DIM), jnp.float16, 32),
              smem((*per_group, slots, STEP, COLUMNS), jnp.float16, 32),
-             smem((max(bias_rows, 8), COLUMNS), jnp.float32), plgpu.Barrier(num_arrivals=1, num_barriers=groups)]
+             smem((max(bias_rows, 8), COLUMNS), jnp.float32),
+             smem((2, 4), jnp.int32),  # `lagged_max`: the 4 warps' votes, two steps' slots
+             plgpu.Barrier(num_arrivals=1, num_barriers=groups)]
   threads = {}
   if groups > 1:  # range, O^T and (m, l) staging, the pipeline's buffers and barriers, a set a warpgroup
     blocks_of = lambda shape, dtype, row_bytes=None: smem((groups, stages, *shape), dtype, row_bytes)

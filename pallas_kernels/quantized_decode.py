@@ -163,6 +163,10 @@ MOSAIC_BIAS_IN_KERNEL = DecodeConfig(int2_mosaic=True,
 # "pallas:mosaic_int2_keys").
 MOSAIC_DEQUANTIZED_KEYS = DecodeConfig(int2_mosaic=True,
                                        mosaic_options=DecodeConfig.mosaic_options + (("dequantize_keys", True),))
+# That, with P taken against the maximum agreed so far (`lagged_max`: one barrier a step, not three; untimed;
+# "pallas:mosaic_int2_lagged").
+MOSAIC_LAGGED_MAX = DecodeConfig(int2_mosaic=True,
+                                 mosaic_options=MOSAIC_DEQUANTIZED_KEYS.mosaic_options + (("lagged_max", True),))
 # Four programs a CTA of 512 threads (ptxas must fit 128 registers: 4 programs an SM), without the deferred
 # V wgmma. Wrong on the H200 (session 22, `mosaic_int2_races_wg4_s22.json`: some splits off by up to 0.09,
 # changing from call to call; right in the interpret mode), so not registered.

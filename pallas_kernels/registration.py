@@ -7,6 +7,7 @@
                           (`bias_in_kernel`; slower in the 7B step, session 22)
     "pallas:mosaic_int2_keys"  that, with the keys dequantized in registers: no bias (`dequantize_keys`;
                           untimed)
+    "pallas:mosaic_int2_lagged"  that, with P against the maximum agreed so far (`lagged_max`; untimed)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -51,3 +52,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_int2", quantized_decode.DecodeConfig(int2_mosaic=True))
   register_variant("pallas:mosaic_int2_bias", quantized_decode.MOSAIC_BIAS_IN_KERNEL)
   register_variant("pallas:mosaic_int2_keys", quantized_decode.MOSAIC_DEQUANTIZED_KEYS)
+  register_variant("pallas:mosaic_int2_lagged", quantized_decode.MOSAIC_LAGGED_MAX)

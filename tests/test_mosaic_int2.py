@@ -46,7 +46,7 @@ def test_matches_dequantize_then_attend(interpret, seed, pairs, tokens, groups, 
 
 
 @pytest.mark.parametrize("option,value", [("overlap_values", False), ("keys_in_smem", True), ("bias_in_kernel", True),
-                                          ("steps_per_block", 2), ("dequantize_keys", True)])
+                                          ("steps_per_block", 2), ("dequantize_keys", True), ("lagged_max", True)])
 def test_orderings_match(interpret, option, value):
   """The values dequantized before the score wgmma, the keys through shared memory, the minimums' biases
   computed in the kernel, two steps a pipeline iteration, or the keys dequantized in registers (no bias),
@@ -60,7 +60,8 @@ def test_orderings_match(interpret, option, value):
                                                      (9, 7, 16, 4), (2, 1, 8, 3), (4, 0, 4, 2)])
 @pytest.mark.parametrize("options", [{}, dict(bias_in_kernel=True), dict(steps_per_block=2),
                                      dict(bias_in_kernel=True, steps_per_block=2), dict(dequantize_keys=True),
-                                     dict(dequantize_keys=True, steps_per_block=2)])
+                                     dict(dequantize_keys=True, steps_per_block=2),
+                                     dict(dequantize_keys=True, lagged_max=True)])
 def test_a_range_of_the_pool(interpret, first, count, windows, splits, options):
   """A layer's windows of a shared pool: an odd first window, a count below the static bound (the splits
   share the count's steps; some get none), a bound running past the pool, a single window, no window."""
@@ -77,6 +78,23 @@ def test_a_range_of_the_pool(interpret, first, count, windows, splits, options):
   want = mi.reference(q, kc[:, tokens], ks[:, windows_], km[:, windows_], vc[:, tokens], vs[:, windows_],
                       vm[:, windows_])
   np.testing.assert_allclose(out, want, atol=2e-3, rtol=0)
+
+
+@pytest.mark.parametrize("spike", [None, 11])
+@pytest.mark.parametrize("dequantize_keys", [False, True])
+def test_lagged_maximum_follows_rising_scores(interpret, spike, dequantize_keys):
+  """`lagged_max`: scores rising 5 a step (in base 2; P against a stale maximum, up to 2^8 where within
+  the margin, recomputed past it), and a window 60 above the rest: the same attention as the reference."""
+  q, kc, ks, km, vc, vs, vm = random_case(9, 2, 16 * mi.WINDOW, 1)
+  rise = 2.5 * np.arange(16)
+  if spike is not None:
+    rise[spike] = 60.0
+  direction = q[:, 0] / (q[:, 0] ** 2).sum(axis=1, keepdims=True)  # q . direction = 1
+  km = (km + rise[None, :, None] * direction[:, None, :]).astype(np.float16)
+  options = dict(lagged_max=True, dequantize_keys=dequantize_keys)
+  out = np.asarray(mi.attend(q, kc, ks, km, vc, vs, vm, splits=2, interpret=interpret,
+                             options=tuple(options.items())))
+  np.testing.assert_allclose(out, mi.reference(q, kc, ks, km, vc, vs, vm), atol=2e-3, rtol=0)
 
 
 @pytest.mark.parametrize("first,count,windows", [(None, None, None), (3, 29, 32), (5, 6, 12)])
@@ -117,6 +135,9 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(ranged=True, steps_per_block=2, bias_in_kernel=True,
                                           defer_values_wgmma=True, overlap_values=False),
                                      dict(dequantize_keys=True, overlap_values=False),
+                                     dict(lagged_max=True, overlap_values=False),
+                                     dict(ranged=True, dequantize_keys=True, lagged_max=True, defer_values_wgmma=True,
+                                          overlap_values=False),
                                      dict(ranged=True, dequantize_keys=True, defer_values_wgmma=True,
                                           overlap_values=False),
                                      dict(warpgroups=4, overlap_values=False),
@@ -162,7 +183,7 @@ def test_bad_shapes_are_refused():
     mi.query_operands(np.zeros((1, 9, mi.HEAD_DIM), np.float32))
 
 
-@pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys"])
+@pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound."""
@@ -189,7 +210,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   qg = jnp.asarray(rng.normal(size=(b, kh, g, h)), jnp.float32)
   assert qd.mosaic_serves(k_pools[2], v_pools[2], g, h, window)
   config = dict(default=qd.DecodeConfig(int2_mosaic=True), bias_in_kernel=qd.MOSAIC_BIAS_IN_KERNEL,
-                four_warpgroups=qd.MOSAIC_FOUR_WARPGROUPS, dequantize_keys=qd.MOSAIC_DEQUANTIZED_KEYS)[variant]
+                four_warpgroups=qd.MOSAIC_FOUR_WARPGROUPS, dequantize_keys=qd.MOSAIC_DEQUANTIZED_KEYS,
+                lagged_max=qd.MOSAIC_LAGGED_MAX)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
