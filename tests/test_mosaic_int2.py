@@ -225,3 +225,11 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                                  q_scale=h ** -0.5, config=config,
                                  interpret=interpret is not None)
   np.testing.assert_allclose(np.asarray(qd.combine_splits(o, m, l)[:, :, :g]), np.asarray(out), atol=1e-5, rtol=0)
+
+
+def test_lagged_max_leaves_one_barrier_a_step():
+  """The step's usual path with `lagged_max` and `dequantize_keys` waits at one warpgroup barrier (P's),
+  where the default waits at four (q's scaling, the maximum's two, P's); the recomputation keeps three."""
+  from benchmarks import mosaic_loop_barriers as barriers
+  assert barriers.loop_barriers(barriers.kernel_mlir("deferred_dequantized_keys_lagged")) == (1, 3)
+  assert barriers.loop_barriers(barriers.kernel_mlir("deferred_values_first")) == (4, 0)

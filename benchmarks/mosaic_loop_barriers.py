@@ -1,0 +1,83 @@
+"""Offline, JAX >= 0.11: warpgroup barriers a step in the Mosaic INT2 kernel's main loop, per variant, from
+the kernel's MLIR (lowered for CUDA on any machine, captured before Mosaic serializes it). Barriers inside
+a conditional region (`lagged_max`'s recomputation) are counted apart: the step's usual path runs only
+the others.
+
+    PYTHONPATH=. python benchmarks/mosaic_loop_barriers.py deferred_values_first deferred_dequantized_keys_lagged
+"""
+from __future__ import annotations
+
+import argparse
+import re
+
+import jax
+import jax.numpy as jnp
+
+from benchmarks import mosaic_int2_bench as bench
+from pallas_kernels import mosaic_int2 as mi
+
+BARRIER = re.compile(r'"bar\.sync [^"]*"')
+
+
+def kernel_mlir(variant: str) -> str:
+  """The kernel's module as text, for 4 pairs x 512 tokens and 2 splits."""
+  from jax.experimental.mosaic.gpu import core
+  captured = []
+  serde = core._run_serde_pass
+
+  def capture(module, *args, **kwargs):
+    captured.append(str(module))
+    return serde(module, *args, **kwargs)
+
+  options = dict(bench.VARIANTS[variant])
+  own_minimums = options.get("dequantize_keys") or options.get("bias_in_kernel")
+  shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (
+      jnp.zeros((4, 7, mi.HEAD_DIM), jnp.float32), *bench.int2_pool(jax.random.PRNGKey(0), 4, 512))]
+  fn = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.int2_decode(
+      q, kc, ks, km if own_minimums else mi.key_bias(q, km), vc, vs, vm, splits=2, **options))
+  core._run_serde_pass = capture
+  try:
+    fn.trace(*shapes).lower(lowering_platforms=("cuda",))
+  finally:
+    core._run_serde_pass = serde
+  return captured[-1]
+
+
+def _region_end(lines: list[str], first: int) -> int:
+  """The line closing the op at `first`: its braces balance, and no further region (`case`, `default`)
+  follows."""
+  depth = 0
+  for j in range(first, len(lines)):
+    depth += lines[j].count("{") - lines[j].count("}")
+    following = lines[j + 1].strip() if j + 1 < len(lines) else ""
+    if depth == 0 and j > first and not following.startswith(("case", "default")):
+      return j
+  return len(lines) - 1
+
+
+def loop_barriers(text: str) -> tuple[int, int]:
+  """(barriers on the step's usual path, barriers in conditional regions) in the longest scf.for."""
+  lines = text.splitlines()
+  loops = [i for i, line in enumerate(lines) if "scf.for" in line]
+  first = max(loops, key=lambda i: _region_end(lines, i) - i)
+  last = _region_end(lines, first)
+  conditional = set()
+  for i in range(first, last):
+    if "scf.index_switch" in lines[i] or "scf.if" in lines[i]:
+      conditional.update(range(i, _region_end(lines, i) + 1))
+  barriers = [i for i in range(first, last) if BARRIER.search(lines[i])]
+  inside = sum(i in conditional for i in barriers)
+  return len(barriers) - inside, inside
+
+
+def main(argv=None) -> None:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("variants", nargs="+", choices=list(bench.VARIANTS))
+  args = ap.parse_args(argv)
+  for variant in args.variants:
+    usual, conditional = loop_barriers(kernel_mlir(variant))
+    print(f"{variant}: {usual} barriers a step, {conditional} more in conditional regions")
+
+
+if __name__ == "__main__":
+  main()
