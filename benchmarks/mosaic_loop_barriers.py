@@ -1,4 +1,4 @@
-"""Offline, JAX >= 0.11: warpgroup barriers a step in the Mosaic INT2 kernel's main loop, per variant, from
+"""Offline, JAX >= 0.11: warpgroup barriers (and MLIR operations) a step in the Mosaic INT2 kernel's main loop, per variant, from
 the kernel's MLIR (lowered for CUDA on any machine, captured before Mosaic serializes it). Barriers inside
 a conditional region (`lagged_max`'s recomputation) are counted apart: the step's usual path runs only
 the others.
@@ -55,8 +55,9 @@ def _region_end(lines: list[str], first: int) -> int:
   return len(lines) - 1
 
 
-def loop_barriers(text: str) -> tuple[int, int]:
-  """(barriers on the step's usual path, barriers in conditional regions) in the longest scf.for."""
+def loop_barriers(text: str, operations: bool = False) -> tuple[int, ...]:
+  """(barriers on the step's usual path, barriers in conditional regions) in the longest scf.for; with
+  `operations`, also the usual path's MLIR operations (a rough measure of its instructions)."""
   lines = text.splitlines()
   loops = [i for i, line in enumerate(lines) if "scf.for" in line]
   first = max(loops, key=lambda i: _region_end(lines, i) - i)
@@ -67,6 +68,9 @@ def loop_barriers(text: str) -> tuple[int, int]:
       conditional.update(range(i, _region_end(lines, i) + 1))
   barriers = [i for i in range(first, last) if BARRIER.search(lines[i])]
   inside = sum(i in conditional for i in barriers)
+  if operations:
+    usual = sum(" = " in lines[i] or "inline_asm" in lines[i] for i in range(first, last) if i not in conditional)
+    return len(barriers) - inside, inside, usual
   return len(barriers) - inside, inside
 
 
@@ -75,8 +79,9 @@ def main(argv=None) -> None:
   ap.add_argument("variants", nargs="+", choices=list(bench.VARIANTS))
   args = ap.parse_args(argv)
   for variant in args.variants:
-    usual, conditional = loop_barriers(kernel_mlir(variant))
-    print(f"{variant}: {usual} barriers a step, {conditional} more in conditional regions")
+    usual, conditional, operations = loop_barriers(kernel_mlir(variant), operations=True)
+    print(f"{variant}: {usual} barriers a step, {conditional} more in conditional regions; "
+          f"{operations} MLIR operations on the usual path")
 
 
 if __name__ == "__main__":
