@@ -59,6 +59,9 @@ VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
     # multiple of 4; wrong on the H200, session 22: `mosaic_int2_races_wg4_s22.json`)
     "values_first_wg4": dict(overlap_values=False, warpgroups=4),
     "values_first_wg4_block2": dict(overlap_values=False, warpgroups=4, steps_per_block=2),
+    # with the reductions through a scratch a warpgroup (the cause of the above), the keys dequantized and
+    # the lagged maximum (untimed)
+    "values_first_wg4_keys_lagged": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
 }

@@ -240,6 +240,26 @@ def _vote_by_warp(x, limit, votes_ref):
   vote(x, limit, votes_ref)
 
 
+REDUCTION_SCRATCH = 512  # f32 elements of a warpgroup's own scratch for `_column_reduce`
+
+
+def _column_reduce(x, op: str, scratch_ref):
+  """x [64, 16] f32 (WGMMA layout) reduced over its rows, which lie across the warpgroup's 4 warps, by `op`
+  ("max" or "add"): Mosaic's reduction, but through the caller's scratch (f32 [REDUCTION_SCRATCH], shared
+  memory). Pallas gives every reduction the kernel's one scratch buffer, which the warpgroups of a CTA
+  would share: with `warpgroups` > 1 their maxima mixed (wrong results on the H200, session 22)."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.RefType()),
+                     return_type=plgpu.ShapeDtypeStruct((x.shape[1],), jnp.float32,
+                                                        layout=plgpu.Layout.WGMMA.reduce(0)))
+  def reduce(ctx, x, scratch):
+    del ctx
+    return x.reduce(op, 0, scratch=scratch)
+
+  return reduce(x, scratch_ref)
+
+
 def _scaled_query(q, scale_ref):
   """q^T [128, 16] f16 (WGMMA layout) times the step's key scales ([2, H] ref): column c takes window
   c // 8's. A register holds two columns of one window (pairs never straddle the 8-column blocks), so one
@@ -320,7 +340,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   buffers and a pipeline written out by hand. Four make a CTA of 512 threads, for which ptxas must fit 128
   registers a thread (session 20's PTX: 145 registers, 128 with 36 bytes of spills), so that an SM holds 4
   programs, not 3; not with `defer_values_wgmma` (its second V buffer would not fit 4 times),
-  `bias_in_kernel` or `keys_in_smem` (untimed).
+  `bias_in_kernel` or `keys_in_smem`. Wrong on the H200 in session 22: Pallas' cross-warp reductions all
+  use one scratch buffer, which the CTA's warpgroups shared; its reductions now go through a scratch a
+  warpgroup (`_column_reduce`; untested on the device since).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -338,8 +360,6 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if packed * 4 != HEAD_DIM or (not ranged and tokens % (STEP * spb * splits)):
     raise ValueError(f"codes {k_codes.shape}: need [N, T, {HEAD_DIM // 4}] with T a multiple of {STEP} x "
                      f"steps_per_block x splits")
-  if lagged_max and warpgroups > 1:
-    raise ValueError("lagged_max votes by warp within one warpgroup: not with warpgroups > 1")
   if dequantize_keys and (bias_in_kernel or keys_in_smem or magic_exponents):
     raise ValueError("dequantize_keys adds no bias: not with bias_in_kernel, keys_in_smem or magic_exponents")
   if bias_in_kernel:
@@ -384,8 +404,19 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       wg = lax.axis_index("wg")
       split = split * groups + wg
       bq_s, v_slots, p_slots, my_bar = bq_s.at[wg], v_slots.at[wg], p_slots.at[wg], bar.at[wg]
+      vote_slots = vote_slots.at[wg]
     else:
       my_bar = bar.at[0]
+
+    def column_max(x):  # over the rows (keys): a warpgroup's own scratch where a CTA has several
+      if groups > 1 and interpret is None:
+        return _column_reduce(x, "max", group_scratch[10].at[wg])
+      return x.max(axis=0)
+
+    def column_sum(x):
+      if groups > 1 and interpret is None:
+        return _column_reduce(x, "add", group_scratch[10].at[wg])
+      return x.sum(axis=0)
 
     def read_before_reuse():
       # A scoped buffer's memory is the next allocation's, which one thread fills by TMA at once: every
@@ -548,7 +579,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       if lagged_max:  # P against the agreed maximum, stored with the warps' votes before P's barrier
         m_new, p = lagged_softmax(s, m_run, p_s, vote_slots.at[lax.rem(index, 2)])
       else:
-        m_new = jnp.maximum(m_run, s.max(axis=0))
+        m_new = jnp.maximum(m_run, column_max(s))
         p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
       alpha = jnp.exp2(m_run - m_new)
       # Row sums are kept a thread's rows apart and reduced once at the end: no exchange between warps.
@@ -586,7 +617,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         plgpu.commit_smem()
 
       def reduce_and_redo():
-        m_new = jnp.maximum(m_run, s.max(axis=0))
+        m_new = jnp.maximum(m_run, column_max(s))
         p_new = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
         p_s[...] = p_new.astype(jnp.float16)
         plgpu.commit_smem()
@@ -661,7 +692,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     def store(o_s, ml_s):
       o_s[...] = acc
       ml_s[0] = m_run
-      ml_s[1] = l_rows.sum(axis=0)
+      ml_s[1] = column_sum(l_rows)
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(o_s, o_g.at[pair, split])
       plgpu.copy_smem_to_gmem(ml_s.at[0], m_g.at[pair, split])
@@ -677,7 +708,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
              smem((*per_group, slots, STEP, HEAD_DIM), jnp.float16, 32),
              smem((*per_group, slots, STEP, COLUMNS), jnp.float16, 32),
              smem((max(bias_rows, 8), COLUMNS), jnp.float32),
-             smem((2, 4), jnp.int32),  # `lagged_max`: the 4 warps' votes, two steps' slots
+             smem((*per_group, 2, 4), jnp.int32),  # `lagged_max`: the 4 warps' votes, two steps' slots
              plgpu.Barrier(num_arrivals=1, num_barriers=groups)]
   threads = {}
   if groups > 1:  # range, O^T and (m, l) staging, the pipeline's buffers and barriers, a set a warpgroup
@@ -689,7 +720,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 blocks_of((2 * spb, HEAD_DIM), jnp.float16) if dequantize_keys else blocks_of((2 * spb, COLUMNS),
                                                                                                jnp.float32),
                 codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
-                plgpu.Barrier(num_arrivals=6, num_barriers=groups * stages)]
+                plgpu.Barrier(num_arrivals=6, num_barriers=groups * stages),
+                smem((groups, REDUCTION_SCRATCH), jnp.float32)]
     threads = dict(num_threads=groups, thread_name="wg")
   call = plgpu.kernel(
       kernel,

@@ -98,11 +98,12 @@ def test_lagged_maximum_follows_rising_scores(interpret, spike, dequantize_keys)
 
 
 @pytest.mark.parametrize("first,count,windows", [(None, None, None), (3, 29, 32), (5, 6, 12)])
-def test_four_warpgroups_a_cta(interpret, first, count, windows):
+@pytest.mark.parametrize("faster", [{}, dict(dequantize_keys=True, lagged_max=True)])
+def test_four_warpgroups_a_cta(interpret, first, count, windows, faster):
   """Four programs a CTA (`warpgroups=4`: each its own buffers and pipeline): the whole pool (4 blocks a
   split, more than the pipeline's 2 slots), and ranges whose last splits get fewer blocks or none."""
   case = random_case(8, 3, 32 * mi.WINDOW, 7)
-  options = dict(warpgroups=4, overlap_values=False)
+  options = dict(warpgroups=4, overlap_values=False, **faster)
   if first is None:
     out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(options.items())))
     np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
@@ -141,7 +142,9 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(ranged=True, dequantize_keys=True, defer_values_wgmma=True,
                                           overlap_values=False),
                                      dict(warpgroups=4, overlap_values=False),
-                                     dict(ranged=True, warpgroups=4, overlap_values=False, steps_per_block=2)])
+                                     dict(ranged=True, warpgroups=4, overlap_values=False, steps_per_block=2),
+                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
+                                          lagged_max=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
   import jax
