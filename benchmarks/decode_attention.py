@@ -419,6 +419,7 @@ VARIANTS = {
     "mosaic_int2_bias": qd.MOSAIC_BIAS_IN_KERNEL,  # and the key minimums' biases in the kernel
     "mosaic_int2_keys": qd.MOSAIC_DEQUANTIZED_KEYS,  # and the keys dequantized in registers: no bias (untimed)
     "mosaic_int2_lagged": qd.MOSAIC_LAGGED_MAX,  # and P against the maximum agreed so far (untimed)
+    "mosaic_int2_int4": qd.MOSAIC_INT2_INT4,  # that, and the INT4 pool in a Mosaic launch too (untimed)
     "mosaic_int2_wg4": qd.MOSAIC_FOUR_WARPGROUPS,  # four programs a CTA, 128 registers (wrong on the H200, s22)
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=qd.DecodeConfig.mosaic_options + (("steps_per_block", 2),)),

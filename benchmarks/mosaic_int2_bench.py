@@ -31,40 +31,7 @@ GROUP = da.HEADS // da.KV_HEADS
 INTERPRET = None  # on a CPU (a dry run of the script): Mosaic GPU's interpret mode
 
 
-VARIANTS = {  # name: keyword arguments of mosaic_int2.int2_decode
-    "plain": dict(fast_unpack=False, ptx_fma=False, auto_barriers=True),  # Mosaic's own conversions
-    "run3": dict(ptx_fma=False, auto_barriers=True),  # run 3's kernel
-    "ptx_fma": dict(auto_barriers=True),
-    "fast": dict(),  # the default: inline PTX for the unpacking and the values' fma, no automatic barriers
-    "fast_s3": dict(stages=3),
-    "magic": dict(magic_exponents=True),  # per-part magic exponents: no 4^-p anywhere (untimed, s20)
-    "values_first": dict(overlap_values=False),  # fewer live registers, no overlap (untimed, s20)
-    "magic_values_first": dict(magic_exponents=True, overlap_values=False),
-    "deferred": dict(defer_values_wgmma=True),  # the V wgmma waited for in the next step (fastest, s21)
-    "deferred_values_first": dict(defer_values_wgmma=True, overlap_values=False),  # the two best of s21
-    # that, with the minimums' biases computed in the kernel before its loop (untimed)
-    "deferred_values_first_bias": dict(defer_values_wgmma=True, overlap_values=False, bias_in_kernel=True),
-    # two steps a pipeline iteration (static V/P slots; one TMA issue and barrier wait for both; untimed)
-    "deferred_values_first_block2": dict(defer_values_wgmma=True, overlap_values=False, steps_per_block=2),
-    "deferred_values_first_block2_bias": dict(defer_values_wgmma=True, overlap_values=False, steps_per_block=2,
-                                              bias_in_kernel=True),
-    # the keys dequantized in registers as the values are: no bias, q^T stored once (untimed)
-    "dequantized_keys": dict(overlap_values=False, dequantize_keys=True),
-    "deferred_dequantized_keys": dict(defer_values_wgmma=True, overlap_values=False, dequantize_keys=True),
-    # P against the maximum agreed so far: one barrier a step (untimed)
-    "deferred_values_first_lagged": dict(defer_values_wgmma=True, overlap_values=False, lagged_max=True),
-    "deferred_dequantized_keys_lagged": dict(defer_values_wgmma=True, overlap_values=False, dequantize_keys=True,
-                                             lagged_max=True),
-    # four programs a CTA of 512 threads: ptxas must fit 128 registers, 4 programs an SM (splits must be a
-    # multiple of 4; wrong on the H200, session 22: `mosaic_int2_races_wg4_s22.json`)
-    "values_first_wg4": dict(overlap_values=False, warpgroups=4),
-    "values_first_wg4_block2": dict(overlap_values=False, warpgroups=4, steps_per_block=2),
-    # with the reductions through a scratch a warpgroup (the cause of the above), the keys dequantized and
-    # the lagged maximum (untimed)
-    "values_first_wg4_keys_lagged": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True),
-    "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
-    "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
-}
+VARIANTS = mi.VARIANTS  # name: keyword arguments of mosaic_int2.int2_decode
 
 
 def attend(q, *pool, splits, variant="fast"):

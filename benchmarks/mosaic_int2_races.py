@@ -24,7 +24,7 @@ from pallas_kernels import mosaic_int2 as mi
 
 
 def partials(q, pool, splits, variant):
-  options = dict(bench.VARIANTS[variant])
+  options = dict(mi.VARIANTS[variant])
   k_codes, k_scale, k_min, v_codes, v_scale, v_min = pool
   windows = k_codes.shape[1] // mi.WINDOW
   if k_codes.shape[1] % (mi.STEP * options.get("steps_per_block", 1) * splits):
@@ -57,7 +57,7 @@ def case(variant, batch, tokens, splits, calls, key) -> dict:
   pool = bench.int2_pool(key, pairs, tokens)
   q = bench.scaled_queries(jax.random.fold_in(key, 1), pairs)
   fn = jax.jit(lambda q, *pool: partials(q, pool, splits, variant)[0])
-  divides = not tokens % (mi.STEP * dict(bench.VARIANTS[variant]).get("steps_per_block", 1) * splits)
+  divides = not tokens % (mi.STEP * dict(mi.VARIANTS[variant]).get("steps_per_block", 1) * splits)
   runs = [jax.tree.map(np.asarray, fn(q, *pool)) for _ in range(calls)]
   bad_calls, bad = 0, set()
   for o_t, m, l in runs:
@@ -77,7 +77,7 @@ def case(variant, batch, tokens, splits, calls, key) -> dict:
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--variants", nargs="+", default=["fast", "deferred_values_first", "values_first"],
-                  choices=list(bench.VARIANTS))
+                  choices=list(mi.VARIANTS))
   ap.add_argument("--batches", type=int, nargs="+", default=[32, 60])
   ap.add_argument("--splits", type=int, nargs="+", default=[8])
   ap.add_argument("--tokens", type=int, default=32768)

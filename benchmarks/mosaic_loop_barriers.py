@@ -1,7 +1,7 @@
-"""Offline, JAX >= 0.11: warpgroup barriers (and MLIR operations) a step in the Mosaic INT2 kernel's main loop, per variant, from
-the kernel's MLIR (lowered for CUDA on any machine, captured before Mosaic serializes it). Barriers inside
-a conditional region (`lagged_max`'s recomputation) are counted apart: the step's usual path runs only
-the others.
+"""Offline, JAX >= 0.11: warpgroup barriers (and MLIR operations) a step in the Mosaic INT2 kernel's main
+loop, per variant (`mosaic_int2.VARIANTS`), from the kernel's MLIR (lowered for CUDA on any machine,
+captured before Mosaic serializes it). Barriers inside a conditional region (`lagged_max`'s
+recomputation) are counted apart: the step's usual path runs only the others.
 
     PYTHONPATH=. python benchmarks/mosaic_loop_barriers.py deferred_values_first deferred_dequantized_keys_lagged
 """
@@ -13,7 +13,6 @@ import re
 import jax
 import jax.numpy as jnp
 
-from benchmarks import mosaic_int2_bench as bench
 from pallas_kernels import mosaic_int2 as mi
 
 BARRIER = re.compile(r'"bar\.sync [^"]*"')
@@ -29,10 +28,12 @@ def kernel_mlir(variant: str) -> str:
     captured.append(str(module))
     return serde(module, *args, **kwargs)
 
-  options = dict(bench.VARIANTS[variant])
+  options = dict(mi.VARIANTS[variant])
   own_minimums = options.get("dequantize_keys") or options.get("bias_in_kernel")
-  shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (
-      jnp.zeros((4, 7, mi.HEAD_DIM), jnp.float32), *bench.int2_pool(jax.random.PRNGKey(0), 4, 512))]
+  codes = jax.ShapeDtypeStruct((4, 512, mi.HEAD_DIM // 4), jnp.uint8)
+  metadata = jax.ShapeDtypeStruct((4, 512 // mi.WINDOW, mi.HEAD_DIM), jnp.float16)
+  shapes = [jax.ShapeDtypeStruct((4, 7, mi.HEAD_DIM), jnp.float32), codes, metadata, metadata, codes, metadata,
+            metadata]
   fn = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.int2_decode(
       q, kc, ks, km if own_minimums else mi.key_bias(q, km), vc, vs, vm, splits=2, **options))
   core._run_serde_pass = capture
@@ -76,7 +77,7 @@ def loop_barriers(text: str, operations: bool = False) -> tuple[int, ...]:
 
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("variants", nargs="+", choices=list(bench.VARIANTS))
+  ap.add_argument("variants", nargs="+", choices=list(mi.VARIANTS))
   args = ap.parse_args(argv)
   for variant in args.variants:
     usual, conditional, operations = loop_barriers(kernel_mlir(variant), operations=True)

@@ -30,6 +30,9 @@ partials; one layer at batch 8 x 32k, mixed plan, 150 µs against 158.
 Layouts: codes [N, T, H/4] uint8 packed "split" style (byte j holds channels j, j + 32, j + 64, j + 96 at
 bits 0, 2, 4, 6), scales and minimums [N, T/32, H] f16, N = batch * KV heads. Scores are base 2 (q carries
 log2 e and the softmax scale). H = 128, window 32.
+
+INT4 pools take the same kernel: codes [N, T, H/2] (byte j holds channels j and j + 64), so 2 parts of 64
+channels, 16^p c, instead of 4 of 32 (the bit width follows from the codes' shape; untimed).
 """
 from __future__ import annotations
 
@@ -105,15 +108,24 @@ def interpret_params():
   return plgpu.InterpretGPUParams()
 
 
-def query_operands(q: jax.Array, part_scaled: bool = True) -> jax.Array:
+def code_bits(k_codes) -> int:
+  """2 or 4: the bit width of codes [N, T, H * bits / 8]."""
+  bits = k_codes.shape[-1] * 8 // HEAD_DIM
+  if bits not in (2, 4) or k_codes.shape[-1] * 8 % HEAD_DIM:
+    raise ValueError(f"codes {k_codes.shape}: need [N, T, {HEAD_DIM // 4}] (INT2) or [N, T, {HEAD_DIM // 2}] "
+                     "(INT4)")
+  return bits
+
+
+def query_operands(q: jax.Array, part_scaled: bool = True, bits: int = 2) -> jax.Array:
   """q [N, G, H] (scaled, base 2) -> [N, H, 16] f16: q^T twice (one block of 8 columns a window of the
-  step), times 4^-p for channel part p where the key parts come as 4^p c (`part_scaled`)."""
+  step), times (2^bits)^-p for channel part p where the key parts come as (2^bits)^p c (`part_scaled`)."""
   n, g, h = q.shape
   if g > COLUMNS // 2 or h != HEAD_DIM:
     raise ValueError(f"the Mosaic INT2 kernel serves up to 8 query heads of dim {HEAD_DIM}, got {g} of {h}")
   qt = jnp.zeros((n, h, COLUMNS // 2), jnp.float32).at[:, :, :g].set(jnp.swapaxes(q, 1, 2).astype(jnp.float32))
   qt = jnp.concatenate([qt, qt], axis=2)
-  part_scale = 4.0 ** -(jnp.arange(h) // (h // 4)) if part_scaled else jnp.ones((h,))
+  part_scale = (2.0 ** bits) ** -(jnp.arange(h) // (h * bits // 8)) if part_scaled else jnp.ones((h,))
   return (qt * part_scale[None, :, None]).astype(jnp.float16)
 
 
@@ -143,11 +155,11 @@ def range_bias(q: jax.Array, k_min: jax.Array, first, count, windows: int,
 
 
 def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic_exponents=False,
-                    parts=(0, 1, 2, 3)):
+                    parts=None, bits=2):
   """codes [64, 32] uint8 in the WGMMA layout (two codes of a row a register) -> 4 f16 [64, 32] in the WGMMA
   layout: part p is 4^p times the codes (keys; the codes themselves with `magic_exponents`), or, given a
   [2, H] scale and minimum (values), the dequantized values of channels 32p + column, with token t's window
-  t // 32.
+  t // 32. With `bits=4`: codes [64, 64] -> 2 parts [64, 64], 16^p c, channels 64p + column.
 
   Per register (two bytes of a row): one byte permute puts each byte under the exponent of 1024 (0x64), then
   per part one AND keeps the part's bits in place (1024 + 4^p c exactly, as f16) and one f16x2 subtract
@@ -164,7 +176,9 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
 
   wgmma = plgpu.Layout.WGMMA
   values = scale_ref is not None
-  out = tuple(plgpu.ShapeDtypeStruct((STEP, WINDOW), jnp.float16, layout=wgmma) for _ in parts)
+  width = HEAD_DIM * bits // 8  # channels a part
+  parts = tuple(range(8 // bits)) if parts is None else parts
+  out = tuple(plgpu.ShapeDtypeStruct((STEP, width), jnp.float16, layout=wgmma) for _ in parts)
   arg_types = (wgmma, plgpu.RefType(), plgpu.RefType()) if values else (wgmma,)
 
   @plgpu.inline_mgpu(arg_types=arg_types, return_type=out)
@@ -174,7 +188,7 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
     f16 = ir.F16Type.get()
     half2 = ir.VectorType.get((2,), f16)
     const = lambda v: arith.constant(i32, v)
-    constants = [part_constants(p, magic_exponents) for p in range(4)]
+    constants = [part_constants(p, magic_exponents, bits) for p in range(8 // bits)]
     magic = [mgpu.utils.bitcast(const(0x10001 * c[2]), half2) for c in constants]
     registers = {part: np.empty_like(codes.registers) for part in parts}
     indices = codes.layout.thread_idxs(codes.shape)
@@ -186,16 +200,17 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
         window = arith.divui(row, arith.constant(ir.IndexType.get(), WINDOW))
       for part in parts:
         mask, exponent, _ = constants[part]
-        bits = arith.andi(spread, const(0x10001 * mask))
+        kept = arith.andi(spread, const(0x10001 * mask))
         if exponent:
-          bits = arith.ori(bits, const(0x10001 * exponent))
-        x = arith.subf(mgpu.utils.bitcast(bits, half2), magic[part])
+          kept = arith.ori(kept, const(0x10001 * exponent))
+        x = arith.subf(mgpu.utils.bitcast(kept, half2), magic[part])
         if values:
-          channel = arith.addi(col, arith.constant(ir.IndexType.get(), WINDOW * part))
+          channel = arith.addi(col, arith.constant(ir.IndexType.get(), width * part))
           scale = vector.load(half2, refs[0], [window, channel])
           minimum = vector.load(half2, refs[1], [window, channel])
           if not magic_exponents:
-            scale = arith.mulf(scale, mgpu.utils.bitcast(const(0x10001 * _f16_bits(4.0 ** -part)), half2))
+            scale = arith.mulf(scale, mgpu.utils.bitcast(const(0x10001 * _f16_bits((2.0 ** bits) ** -part)),
+                                                         half2))
           if ptx_fma:  # LLVM widens a <2 x half> fma to two f32 ones with four conversions
             x = llvm.inline_asm(half2, [x, scale, minimum], "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
           else:
@@ -285,14 +300,15 @@ def _scaled_query(q, scale_ref):
   return scaled(q, scale_ref)
 
 
-def part_constants(part: int, magic_exponents: bool) -> tuple[int, int, int]:
+def part_constants(part: int, magic_exponents: bool, bits: int = 2) -> tuple[int, int, int]:
   """Per 16-bit half holding a code byte under `prmt`'s high byte (0x64, or 0 with `magic_exponents`):
   the AND mask, the bits OR-ed in after it, and the f16 bits of the magic number then subtracted. The
-  result is 4^part * code, or the code itself with `magic_exponents` (part p's bits under 2^(10 - 2p)'s
-  exponent, whose mantissa bit 2p is worth 1)."""
+  result is (2^bits)^part * code, or the code itself with `magic_exponents` (INT2 only: part p's bits under
+  2^(10 - 2p)'s exponent, whose mantissa bit 2p is worth 1)."""
   if magic_exponents:
+    assert bits == 2, "magic exponents are INT2's"
     return 3 << 2 * part, (25 - 2 * part) << 10, (25 - 2 * part) << 10
-  return 0xFF00 | 3 << 2 * part, 0, 0x6400
+  return 0xFF00 | ((1 << bits) - 1) << bits * part, 0, 0x6400
 
 
 def _f16_bits(x: float) -> int:
@@ -357,9 +373,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   n, tokens, packed = k_codes.shape
   ranged = range_params is not None
   spb = steps_per_block
-  if packed * 4 != HEAD_DIM or (not ranged and tokens % (STEP * spb * splits)):
-    raise ValueError(f"codes {k_codes.shape}: need [N, T, {HEAD_DIM // 4}] with T a multiple of {STEP} x "
-                     f"steps_per_block x splits")
+  bits = code_bits(k_codes)
+  parts, width, levels = 8 // bits, packed, 1 << bits  # a part: `width` channels, (2^bits)^p c
+  if v_codes.shape != k_codes.shape:
+    raise ValueError(f"keys' codes {k_codes.shape} and values' {v_codes.shape} differ")
+  if not ranged and tokens % (STEP * spb * splits):
+    raise ValueError(f"codes {k_codes.shape}: need T a multiple of {STEP} x steps_per_block x splits")
+  if magic_exponents and bits != 2:
+    raise ValueError("magic_exponents are INT2's")
   if dequantize_keys and (bias_in_kernel or keys_in_smem or magic_exponents):
     raise ValueError("dequantize_keys adds no bias: not with bias_in_kernel, keys_in_smem or magic_exponents")
   if bias_in_kernel:
@@ -386,7 +407,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   magic = fast and magic_exponents
   defer = defer_values_wgmma and interpret is None
   slots = 2 if defer else 1
-  qt = query_operands(q, part_scaled=not (magic or dequantize_keys))
+  qt = query_operands(q, part_scaled=not (magic or dequantize_keys), bits=bits)
   q_raw = query_operands(q, part_scaled=False) if bias_in_kernel else qt  # q^T for the minimums' products
 
   def swizzled(row_bytes, dtype):  # the interpret mode takes plain buffers
@@ -460,7 +481,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     first_half = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 1, layout=layout.WGMMA) < COLUMNS // 2
     own_window = (row < WINDOW) == first_half
     column_window = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 1, layout=layout.WGMMA) // (COLUMNS // 2)
-    token = plgpu.broadcasted_iota(jnp.int32, (STEP, WINDOW), 0, layout=layout.WGMMA)
+    token = plgpu.broadcasted_iota(jnp.int32, (STEP, width), 0, layout=layout.WGMMA)
 
     def window_biases(kmin_s, qr_s):  # `bias_in_kernel`: bias_s row j = window start + first_window + j
       plgpu.copy_gmem_to_smem(qr_g.at[pair], qr_s, my_bar)
@@ -487,40 +508,43 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                                    (HEAD_DIM, COLUMNS), [0]) for w in range(2)]
       return jnp.where(col < 8, rows[0], rows[1])
 
-    def per_token(ref, part):  # [2, H] -> [64, 32]: token t takes window t // 32's channels of the part
-      rows = [lax.broadcast_in_dim(plgpu.load(ref.at[w, pl.ds(WINDOW * part, WINDOW)],
-                                              layout=layout.WGMMA.reduce(0)), (STEP, WINDOW), [1]) for w in range(2)]
+    def per_token(ref, part):  # [2, H] -> [64, width]: token t takes window t // 32's channels of the part
+      rows = [lax.broadcast_in_dim(plgpu.load(ref.at[w, pl.ds(width * part, width)],
+                                              layout=layout.WGMMA.reduce(0)), (STEP, width), [1]) for w in range(2)]
       return jnp.where(token < WINDOW, rows[0], rows[1])
 
-    def unpacked_keys(kc_s, parts=(0, 1, 2, 3)):  # parts of the keys' codes, f16 [64, 32] (4^p c; c with `magic`)
+    def unpacked_keys(kc_s, which=None):  # parts of the keys' codes, f16 [64, width] (levels^p c; c with `magic`)
+      which = tuple(range(parts)) if which is None else which
       if fast:
-        return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), magic_exponents=magic, parts=parts)
+        return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), magic_exponents=magic, parts=which,
+                               bits=bits)
       codes = plgpu.load(kc_s, layout=layout.WGMMA_UPCAST_2X)
-      return [plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
-              for part in parts]
+      return [plgpu.layout_cast((codes & jnp.uint8((levels - 1) << bits * part)).astype(jnp.float16), layout.WGMMA)
+              for part in which]
 
     def plain_dequantized(codes, scale_ref, minimum_ref, part):  # Mosaic's own conversions (interpret mode)
-      values = plgpu.layout_cast((codes & jnp.uint8(3 << 2 * part)).astype(jnp.float16), layout.WGMMA)
-      return values * (per_token(scale_ref, part) * jnp.float16(4.0 ** -part)) + per_token(minimum_ref, part)
+      values = plgpu.layout_cast((codes & jnp.uint8((levels - 1) << bits * part)).astype(jnp.float16), layout.WGMMA)
+      return values * (per_token(scale_ref, part) * jnp.float16(levels ** -part)) + per_token(minimum_ref, part)
 
     def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
       if fast:
-        return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma)
+        return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma, bits=bits)
       codes = plgpu.load(kc_s, layout=layout.WGMMA_UPCAST_2X)
-      return [plain_dequantized(codes, ks_s, km_s, part) for part in range(4)]
+      return [plain_dequantized(codes, ks_s, km_s, part) for part in range(parts)]
 
     def dequantize_values(vc_s, vs_s, vm_s, v_s):  # into v_s [64 tokens, 128 channels] f16
       if fast:
         codes = plgpu.load(vc_s, layout=layout.WGMMA)
-        unpack = functools.partial(_unpacked_parts, codes, vs_s, vm_s, ptx_fma=ptx_fma, magic_exponents=magic)
-        parts = [] if values_by_part else unpack()
-        for part in range(4):
-          value = unpack(parts=(part,))[0] if values_by_part else parts[part]
-          v_s[:, pl.ds(WINDOW * part, WINDOW)] = value
+        unpack = functools.partial(_unpacked_parts, codes, vs_s, vm_s, ptx_fma=ptx_fma, magic_exponents=magic,
+                                   bits=bits)
+        unpacked = [] if values_by_part else unpack()
+        for part in range(parts):
+          value = unpack(parts=(part,))[0] if values_by_part else unpacked[part]
+          v_s[:, pl.ds(width * part, width)] = value
         return
       codes = plgpu.load(vc_s, layout=layout.WGMMA_UPCAST_2X)
-      for part in range(4):
-        v_s[:, pl.ds(WINDOW * part, WINDOW)] = plain_dequantized(codes, vs_s, vm_s, part)
+      for part in range(parts):
+        v_s[:, pl.ds(width * part, width)] = plain_dequantized(codes, vs_s, vm_s, part)
 
     def block(indices, *refs):  # `spb` steps
       if bias_in_kernel:
@@ -550,14 +574,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         if not overlap_values:
           dequantize_values(vc_s, vs_s, vm_s, v_s)
         if k_s is not None:  # `keys_in_smem`
-          for part in range(4):  # stored a part at a time: 8 registers live
-            k_s[:, pl.ds(WINDOW * part, WINDOW)] = unpacked_keys(kc_s, (part,))[0]
+          for part in range(parts):  # stored a part at a time: a part's registers live
+            k_s[:, pl.ds(width * part, width)] = unpacked_keys(kc_s, (part,))[0]
           plgpu.commit_smem()
           plgpu.wgmma(s_acc, k_s, bq_s)
         else:
           keys = dequantized_keys(kc_s, ks_s, kb_s) if dequantize_keys else unpacked_keys(kc_s)
-          for part in range(4):
-            plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(WINDOW * part, WINDOW)])
+          for part in range(parts):
+            plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(width * part, width)])
         if overlap_values:
           dequantize_values(vc_s, vs_s, vm_s, v_s)  # while the tensor cores work on the scores
         plgpu.wgmma_wait(0)  # with `defer`, also the previous step's V wgmma
@@ -631,15 +655,15 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
               plgpu.layout_cast(jnp.full((COLUMNS,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
               plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
       if ranged:  # element offsets: the range may start at an odd window; a dynamic trip count
-        codes = lambda: plgpu.BlockSpec((pl.Element(STEP * spb), HEAD_DIM // 4),
+        codes = lambda: plgpu.BlockSpec((pl.Element(STEP * spb), packed),
                                         lambda s: (WINDOW * start + STEP * spb * (begin + s), 0),
-                                        transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
+                                        transforms=swizzled(packed, jnp.uint8))
         metadata = lambda: plgpu.BlockSpec((pl.Element(2 * spb), HEAD_DIM),
                                            lambda s: (start + 2 * spb * (begin + s), 0))
         bias = plgpu.BlockSpec((pl.Element(2 * spb), COLUMNS), lambda s: (bias_row + 2 * spb * (begin + s), 0))
       else:
-        codes = lambda: plgpu.BlockSpec((STEP * spb, HEAD_DIM // 4), lambda s: (begin + s, 0),
-                                        transforms=swizzled(HEAD_DIM // 4, jnp.uint8))
+        codes = lambda: plgpu.BlockSpec((STEP * spb, packed), lambda s: (begin + s, 0),
+                                        transforms=swizzled(packed, jnp.uint8))
         metadata = lambda: plgpu.BlockSpec((2 * spb, HEAD_DIM), lambda s: (begin + s, 0))
         bias = plgpu.BlockSpec((2 * spb, COLUMNS), lambda s: (begin + s, 0))
       specs, inputs = [codes(), metadata(), bias, codes(), metadata(), metadata()], [kc_g, ks_g, kb_g, vc_g, vs_g, vm_g]
@@ -713,7 +737,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   threads = {}
   if groups > 1:  # range, O^T and (m, l) staging, the pipeline's buffers and barriers, a set a warpgroup
     blocks_of = lambda shape, dtype, row_bytes=None: smem((groups, stages, *shape), dtype, row_bytes)
-    codes_of = lambda: blocks_of((STEP * spb, HEAD_DIM // 4), jnp.uint8, HEAD_DIM // 4)
+    codes_of = lambda: blocks_of((STEP * spb, packed), jnp.uint8, packed)
     scratch += [smem((groups, 32), jnp.int32), smem((groups, HEAD_DIM, COLUMNS), jnp.float32),
                 smem((groups, 2, COLUMNS), jnp.float32),
                 codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
@@ -763,7 +787,9 @@ def reference(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min) -> np.ndarray
   """Dequantize, then attend (numpy, float64): q [N, G, H] base-2 scores -> [N, G, H]."""
   def values(codes, scale, minimum):
     codes = np.asarray(codes)
-    unpacked = np.concatenate([(codes >> (2 * p)) & 3 for p in range(4)], axis=-1).astype(np.float64)
+    bits = codes.shape[-1] * 8 // HEAD_DIM
+    unpacked = np.concatenate([(codes >> (bits * p)) & ((1 << bits) - 1) for p in range(8 // bits)],
+                              axis=-1).astype(np.float64)
     per_token = lambda x: np.repeat(np.asarray(x, np.float64), WINDOW, axis=1)
     return unpacked * per_token(scale) + per_token(minimum)
   k = values(k_codes, k_scale, k_min)
@@ -808,3 +834,40 @@ def attend(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, 
     o_t, m, l = int2_decode(q, k_codes, k_scale, bias, v_codes, v_scale, v_min,
                             splits=splits, interpret=interpret, **dict(options))
   return merge(o_t, m, l, q.shape[1])
+
+
+# Named variants of `int2_decode`'s options, as the benchmarks time them (results/decode_attention_notes.md).
+VARIANTS = {  # name: keyword arguments of int2_decode
+    "plain": dict(fast_unpack=False, ptx_fma=False, auto_barriers=True),  # Mosaic's own conversions
+    "run3": dict(ptx_fma=False, auto_barriers=True),  # run 3's kernel
+    "ptx_fma": dict(auto_barriers=True),
+    "fast": dict(),  # the default: inline PTX for the unpacking and the values' fma, no automatic barriers
+    "fast_s3": dict(stages=3),
+    "magic": dict(magic_exponents=True),  # per-part magic exponents: no 4^-p anywhere (untimed, s20)
+    "values_first": dict(overlap_values=False),  # fewer live registers, no overlap (untimed, s20)
+    "magic_values_first": dict(magic_exponents=True, overlap_values=False),
+    "deferred": dict(defer_values_wgmma=True),  # the V wgmma waited for in the next step (fastest, s21)
+    "deferred_values_first": dict(defer_values_wgmma=True, overlap_values=False),  # the two best of s21
+    # that, with the minimums' biases computed in the kernel before its loop (untimed)
+    "deferred_values_first_bias": dict(defer_values_wgmma=True, overlap_values=False, bias_in_kernel=True),
+    # two steps a pipeline iteration (static V/P slots; one TMA issue and barrier wait for both; untimed)
+    "deferred_values_first_block2": dict(defer_values_wgmma=True, overlap_values=False, steps_per_block=2),
+    "deferred_values_first_block2_bias": dict(defer_values_wgmma=True, overlap_values=False, steps_per_block=2,
+                                              bias_in_kernel=True),
+    # the keys dequantized in registers as the values are: no bias, q^T stored once (untimed)
+    "dequantized_keys": dict(overlap_values=False, dequantize_keys=True),
+    "deferred_dequantized_keys": dict(defer_values_wgmma=True, overlap_values=False, dequantize_keys=True),
+    # P against the maximum agreed so far: one barrier a step (untimed)
+    "deferred_values_first_lagged": dict(defer_values_wgmma=True, overlap_values=False, lagged_max=True),
+    "deferred_dequantized_keys_lagged": dict(defer_values_wgmma=True, overlap_values=False, dequantize_keys=True,
+                                             lagged_max=True),
+    # four programs a CTA of 512 threads: ptxas must fit 128 registers, 4 programs an SM (splits must be a
+    # multiple of 4; wrong on the H200, session 22: `mosaic_int2_races_wg4_s22.json`)
+    "values_first_wg4": dict(overlap_values=False, warpgroups=4),
+    "values_first_wg4_block2": dict(overlap_values=False, warpgroups=4, steps_per_block=2),
+    # with the reductions through a scratch a warpgroup (the cause of the above), the keys dequantized and
+    # the lagged maximum (untimed)
+    "values_first_wg4_keys_lagged": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True),
+    "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
+    "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
+}

@@ -144,6 +144,7 @@ class DecodeConfig:
   # costs 1.3 ms more: the step is 11.50 ms against 10.73 (session 22,
   # `decode_profile_*_mosaic_s22_gpu.md`). "pallas:mosaic_int2" (registration.py) turns it on.
   int2_mosaic: bool = False
+  int4_mosaic: bool = False  # the INT4 pool through the same kernel, in a launch of its own (untimed)
   mosaic_programs_per_multiprocessor: int = 3  # its 148 registers a thread leave room for three
   # `mosaic_int2.int2_decode` keywords, as (name, value) pairs: the fastest variant (H200, 2026-12-04,
   # `mosaic_int2_s21_run2_h200.md`, 32k tokens), the V wgmma waited for in the next step and the values
@@ -167,6 +168,8 @@ MOSAIC_DEQUANTIZED_KEYS = DecodeConfig(int2_mosaic=True,
 # "pallas:mosaic_int2_lagged").
 MOSAIC_LAGGED_MAX = DecodeConfig(int2_mosaic=True,
                                  mosaic_options=MOSAIC_DEQUANTIZED_KEYS.mosaic_options + (("lagged_max", True),))
+# That for the INT4 pool too, in a Mosaic launch of its own (untimed; "pallas:mosaic_int2_int4").
+MOSAIC_INT2_INT4 = dataclasses.replace(MOSAIC_LAGGED_MAX, int4_mosaic=True)
 # Four programs a CTA of 512 threads (ptxas must fit 128 registers: 4 programs an SM), without the deferred
 # V wgmma. Wrong on the H200 (session 22, `mosaic_int2_races_wg4_s22.json`: some splits off by up to 0.09,
 # changing from call to call; right in the interpret mode): its warpgroups shared Pallas' one reduction
@@ -684,17 +687,18 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
   layer = jnp.zeros((1,), jnp.int32) if rest_layer is None else jnp.reshape(rest_layer, (1,)).astype(jnp.int32)
   launch = functools.partial(_launch, q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, layer,
                              window_size=window_size, q_scale=q_scale, interpret=interpret)
-  mosaic = [i for i in present if config.int2_mosaic and mosaic_serves(k_pools[i], v_pools[i], g, h, window_size)]
-  if mosaic:  # that pool in a Mosaic GPU launch, the others as configured
-    i = mosaic[0]
-    others = tuple(None if j == i else p for j, p in enumerate(k_pools))
+  served = (2,) * config.int2_mosaic + (4,) * config.int4_mosaic
+  mosaic = [i for i in present if mosaic_serves(k_pools[i], v_pools[i], g, h, window_size, served)]
+  if mosaic:  # those pools in Mosaic GPU launches (one each), the others as configured
+    others = tuple(None if j in mosaic else p for j, p in enumerate(k_pools))
+    triton = dataclasses.replace(config, int2_mosaic=False, int4_mosaic=False)
     return [partial_softmaxes(qg, others, v_pools, offsets, counts, rest_k, rest_v, rest_len,
-                              window_size=window_size, tokens_hint=tokens_hint - pool_tokens[i],
-                              pool_tokens=pool_tokens, config=dataclasses.replace(config, int2_mosaic=False),
-                              q_scale=q_scale, rest_layer=rest_layer, interpret=interpret),
-            _mosaic_int2_partials(qg, k_pools[i], v_pools[i], offsets[i], counts[i],
-                                  windows=pool_tokens[i] // window_size, config=config, q_scale=q_scale,
-                                  interpret=interpret)]
+                              window_size=window_size, tokens_hint=tokens_hint - sum(pool_tokens[i] for i in mosaic),
+                              pool_tokens=pool_tokens, config=triton, q_scale=q_scale, rest_layer=rest_layer,
+                              interpret=interpret),
+            *[_mosaic_int2_partials(qg, k_pools[i], v_pools[i], offsets[i], counts[i],
+                                    windows=pool_tokens[i] // window_size, config=config, q_scale=q_scale,
+                                    interpret=interpret) for i in mosaic]]
   int4 = [i for i in present if k_pools[i].bits == 4]
   if int4 and int4_launch_pays(config, b * kh * sum(pool_tokens[i] for i in int4)):
     others = [i for i in present if i not in int4]
@@ -704,11 +708,12 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
   return [launch(present, True, tokens_hint, config)]
 
 
-def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int) -> bool:
-  """Whether `mosaic_int2.py` serves this pool: INT2 keys and values with scales a window and channel
-  (not KIVI's values a token), windows of 32, head dim 128, at most 8 query heads a KV head, JAX >= 0.11."""
+def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int, bits: tuple = (2,)) -> bool:
+  """Whether `mosaic_int2.py` serves this pool: keys and values of one of `bits` widths (2, 4) with scales
+  a window and channel (not KIVI's values a token), windows of 32, head dim 128, at most 8 query heads a
+  KV head, JAX >= 0.11."""
   from pallas_kernels import mosaic_int2
-  return (kp.bits == 2 and vp.bits == 2 and not kp.channel_group and not vp.channel_group and g <= 8
+  return (kp.bits in bits and vp.bits == kp.bits and not kp.channel_group and not vp.channel_group and g <= 8
           and window == mosaic_int2.WINDOW and h == mosaic_int2.HEAD_DIM and mosaic_int2.available())
 
 

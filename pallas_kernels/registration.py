@@ -8,6 +8,7 @@
     "pallas:mosaic_int2_keys"  that, with the keys dequantized in registers: no bias (`dequantize_keys`;
                           untimed)
     "pallas:mosaic_int2_lagged"  that, with P against the maximum agreed so far (`lagged_max`; untimed)
+    "pallas:mosaic_int2_int4"  that, and the INT4 pool through the same kernel (untimed)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -53,3 +54,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_int2_bias", quantized_decode.MOSAIC_BIAS_IN_KERNEL)
   register_variant("pallas:mosaic_int2_keys", quantized_decode.MOSAIC_DEQUANTIZED_KEYS)
   register_variant("pallas:mosaic_int2_lagged", quantized_decode.MOSAIC_LAGGED_MAX)
+  register_variant("pallas:mosaic_int2_int4", quantized_decode.MOSAIC_INT2_INT4)

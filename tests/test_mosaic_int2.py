@@ -21,12 +21,12 @@ def interpret():
   return mi.interpret_params() if jax.default_backend() == "cpu" else None
 
 
-def random_case(seed, pairs, tokens, groups):
+def random_case(seed, pairs, tokens, groups, bits=2):
   rng = np.random.default_rng(seed)
   q = (rng.normal(size=(pairs, groups, mi.HEAD_DIM)) * 0.3).astype(np.float32)
-  codes = lambda: rng.integers(0, 256, (pairs, tokens, mi.HEAD_DIM // 4), dtype=np.uint8)
+  codes = lambda: rng.integers(0, 256, (pairs, tokens, mi.HEAD_DIM * bits // 8), dtype=np.uint8)
   meta = (pairs, tokens // mi.WINDOW, mi.HEAD_DIM)
-  scale = lambda: rng.uniform(0.05, 0.3, meta).astype(np.float16)
+  scale = lambda: (rng.uniform(0.05, 0.3, meta) * 3 / ((1 << bits) - 1)).astype(np.float16)  # the same range
   minimum = lambda: (rng.normal(size=meta) * 0.5).astype(np.float16)
   return q, codes(), scale(), minimum(), codes(), scale(), minimum()
 
@@ -37,8 +37,9 @@ def random_case(seed, pairs, tokens, groups):
     (2, 1, 192, 1, 3),  # one query head, three splits of one step
     (7, 2, 320, 7, 2),  # 5 steps over 2 splits: read as a range, the surplus windows masked
 ])
-def test_matches_dequantize_then_attend(interpret, seed, pairs, tokens, groups, splits):
-  case = random_case(seed, pairs, tokens, groups)
+@pytest.mark.parametrize("bits", [2, 4])
+def test_matches_dequantize_then_attend(interpret, seed, pairs, tokens, groups, splits, bits):
+  case = random_case(seed, pairs, tokens, groups, bits)
   out = np.asarray(mi.attend(*case, splits=splits, interpret=interpret))
   want = mi.reference(*case)
   assert out.shape == want.shape == (pairs, groups, mi.HEAD_DIM)
@@ -47,11 +48,12 @@ def test_matches_dequantize_then_attend(interpret, seed, pairs, tokens, groups, 
 
 @pytest.mark.parametrize("option,value", [("overlap_values", False), ("keys_in_smem", True), ("bias_in_kernel", True),
                                           ("steps_per_block", 2), ("dequantize_keys", True), ("lagged_max", True)])
-def test_orderings_match(interpret, option, value):
+@pytest.mark.parametrize("bits", [2, 4])
+def test_orderings_match(interpret, option, value, bits):
   """The values dequantized before the score wgmma, the keys through shared memory, the minimums' biases
   computed in the kernel, two steps a pipeline iteration, or the keys dequantized in registers (no bias),
   compute the same."""
-  case = random_case(4, 2, 256, 7)
+  case = random_case(4, 2, 256, 7, bits)
   out = np.asarray(mi.attend(*case, splits=1, interpret=interpret, options=((option, value),)))
   np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
 
@@ -61,11 +63,13 @@ def test_orderings_match(interpret, option, value):
 @pytest.mark.parametrize("options", [{}, dict(bias_in_kernel=True), dict(steps_per_block=2),
                                      dict(bias_in_kernel=True, steps_per_block=2), dict(dequantize_keys=True),
                                      dict(dequantize_keys=True, steps_per_block=2),
-                                     dict(dequantize_keys=True, lagged_max=True)])
+                                     dict(dequantize_keys=True, lagged_max=True), dict(bits=4),
+                                     dict(bits=4, dequantize_keys=True, lagged_max=True)])
 def test_a_range_of_the_pool(interpret, first, count, windows, splits, options):
   """A layer's windows of a shared pool: an odd first window, a count below the static bound (the splits
   share the count's steps; some get none), a bound running past the pool, a single window, no window."""
-  q, kc, ks, km, vc, vs, vm = random_case(5, 2, 16 * mi.WINDOW, 7)
+  options = dict(options)  # the parameter itself stays as given
+  q, kc, ks, km, vc, vs, vm = random_case(5, 2, 16 * mi.WINDOW, 7, options.pop("bits", 2))
   o_t, m, l = mi.range_partials(q, kc, ks, km, vc, vs, vm, first, count, windows=windows, splits=splits,
                                 interpret=interpret, **options)
   if count == 0:  # every split empty: nothing weighs anything
@@ -144,12 +148,15 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(warpgroups=4, overlap_values=False),
                                      dict(ranged=True, warpgroups=4, overlap_values=False, steps_per_block=2),
                                      dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
-                                          lagged_max=True)])
+                                          lagged_max=True),
+                                     dict(bits=4), dict(bits=4, keys_in_smem=True, values_by_part=True),
+                                     dict(bits=4, ranged=True, dequantize_keys=True, lagged_max=True,
+                                          defer_values_wgmma=True, overlap_values=False)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
   import jax
-  shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in random_case(0, 4, 512, 7)]
   options = dict(options)  # the parameter itself stays as given
+  shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in random_case(0, 4, 512, 7, options.pop("bits", 2))]
   splits = options.get("warpgroups", 2)
   if options.pop("ranged", False):
     lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.range_partials(
@@ -163,17 +170,17 @@ def test_lowers_for_cuda(options):
   assert "mosaic_gpu" in text
 
 
-@pytest.mark.parametrize("magic_exponents", [False, True])
-def test_unpacking_constants(magic_exponents):
+@pytest.mark.parametrize("magic_exponents,bits", [(False, 2), (True, 2), (False, 4)])
+def test_unpacking_constants(magic_exponents, bits):
   """The inline PTX's arithmetic, emulated bit for bit in numpy for every byte: prmt's high byte, the
-  part's AND (and OR), then the f16 subtraction of the magic number give 4^p c (or c)."""
+  part's AND (and OR), then the f16 subtraction of the magic number give (2^bits)^p c (or c)."""
   byte = np.arange(256, dtype=np.uint16)
-  for part in range(4):
-    mask, exponent, magic = mi.part_constants(part, magic_exponents)
+  for part in range(8 // bits):
+    mask, exponent, magic = mi.part_constants(part, magic_exponents, bits)
     half = (byte | (0 if magic_exponents else 0x6400)) & mask | exponent
     value = half.view(np.float16).astype(np.float64) - np.array(magic, np.uint16).view(np.float16)
-    code = (byte >> (2 * part)) & 3
-    np.testing.assert_array_equal(value, code * (1 if magic_exponents else 4 ** part))
+    code = (byte >> (bits * part)) & ((1 << bits) - 1)
+    np.testing.assert_array_equal(value, code * (1 if magic_exponents else (1 << bits) ** part))
 
 
 def test_bad_shapes_are_refused():
@@ -186,10 +193,12 @@ def test_bad_shapes_are_refused():
     mi.query_operands(np.zeros((1, 9, mi.HEAD_DIM), np.float32))
 
 
-@pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max"])
+@pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
+                                     "int2_int4"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
-  rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound."""
+  rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
+  `int2_int4`: the INT4 pool through this kernel too, in a launch of its own."""
   import jax.numpy as jnp
 
   from pallas_kernels import quantized_decode as qd
@@ -212,9 +221,11 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   rest_len = jnp.array([10, 20])
   qg = jnp.asarray(rng.normal(size=(b, kh, g, h)), jnp.float32)
   assert qd.mosaic_serves(k_pools[2], v_pools[2], g, h, window)
+  assert not qd.mosaic_serves(k_pools[1], v_pools[1], g, h, window)
+  assert qd.mosaic_serves(k_pools[1], v_pools[1], g, h, window, bits=(2, 4))
   config = dict(default=qd.DecodeConfig(int2_mosaic=True), bias_in_kernel=qd.MOSAIC_BIAS_IN_KERNEL,
                 four_warpgroups=qd.MOSAIC_FOUR_WARPGROUPS, dequantize_keys=qd.MOSAIC_DEQUANTIZED_KEYS,
-                lagged_max=qd.MOSAIC_LAGGED_MAX)[variant]
+                lagged_max=qd.MOSAIC_LAGGED_MAX, int2_int4=qd.MOSAIC_INT2_INT4)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
@@ -228,6 +239,10 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                                  q_scale=h ** -0.5, config=config,
                                  interpret=interpret is not None)
   np.testing.assert_allclose(np.asarray(qd.combine_splits(o, m, l)[:, :, :g]), np.asarray(out), atol=1e-5, rtol=0)
+  sets = qd._partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+                                  window_size=window, tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens,
+                                  q_scale=h ** -0.5, config=config, interpret=interpret is not None)
+  assert len(sets) == (3 if variant == "int2_int4" else 2)  # Triton's, then a Mosaic launch a pool
 
 
 def test_lagged_max_leaves_one_barrier_a_step():
