@@ -38,12 +38,12 @@ def attend(q, *pool, splits, variant="fast"):
   return mi.attend(q, *pool, splits=splits, interpret=INTERPRET, options=tuple(VARIANTS[variant].items()))
 
 
-def int2_pool(key, pairs: int, tokens: int):
-  """Random INT2 keys and values [pairs, tokens, 32] with per-window f16 scales and minimums."""
+def int2_pool(key, pairs: int, tokens: int, bits: int = 2):
+  """Random INT2 (or INT4) keys and values [pairs, tokens, 32 (64)] with per-window f16 scales and minimums."""
   keys = jax.random.split(key, 6)
-  codes = lambda k: jax.random.bits(k, (pairs, tokens, mi.HEAD_DIM // 4), jnp.uint8)
+  codes = lambda k: jax.random.bits(k, (pairs, tokens, mi.HEAD_DIM * bits // 8), jnp.uint8)
   meta = (pairs, tokens // mi.WINDOW, mi.HEAD_DIM)
-  scale = lambda k: jax.random.uniform(k, meta, jnp.float32, 0.02, 0.1).astype(jnp.float16)
+  scale = lambda k: (jax.random.uniform(k, meta, jnp.float32, 0.02, 0.1) * 3 / ((1 << bits) - 1)).astype(jnp.float16)
   minimum = lambda k: (-jax.random.uniform(k, meta, jnp.float32, 0.0, 0.3)).astype(jnp.float16)
   return (codes(keys[0]), scale(keys[1]), minimum(keys[2]), codes(keys[3]), scale(keys[4]), minimum(keys[5]))
 
@@ -53,11 +53,11 @@ def scaled_queries(key, pairs: int):
   return q * (mi.HEAD_DIM ** -0.5 * np.log2(np.e))  # base-2 scores, as the registered path scales them
 
 
-def check(pairs, tokens, splits, key, subset=None, variant="fast", rising=False) -> float:
+def check(pairs, tokens, splits, key, subset=None, variant="fast", rising=False, bits=2) -> float:
   """Largest |error| of the kernel's attention against float64 dequantize-then-attend (on `subset` pairs).
   `rising`: the first head's scores rise 5 a step and one window is 60 above the rest (`lagged_max`'s
   recomputation after steps within its margin)."""
-  pool = int2_pool(key, pairs, tokens)
+  pool = int2_pool(key, pairs, tokens, bits)
   q = scaled_queries(jax.random.fold_in(key, 1), pairs)
   if rising:
     rise = 2.5 * jnp.arange(tokens // mi.WINDOW)
@@ -84,9 +84,9 @@ def _timed(fn, inputs, queries, nbytes: int) -> dict:
               gpu_s=gpu and gpu["kernel_s"], gpu_top=gpu and gpu["top"])
 
 
-def time_mosaic(batch, tokens, splits, key, variant):
+def time_mosaic(batch, tokens, splits, key, variant, bits=2):
   pairs = batch * da.KV_HEADS
-  pool0 = int2_pool(key, pairs, tokens)
+  pool0 = int2_pool(key, pairs, tokens, bits)
   nbytes = sum(x.nbytes for x in pool0)
   inner = da.inner_calls(nbytes)
   pools = [pool0] + da.copies(lambda i: _distinct(pool0, i), nbytes, inner)[1:]
@@ -94,8 +94,8 @@ def time_mosaic(batch, tokens, splits, key, variant):
   return _timed(lambda q, *pool: attend(q, *pool, splits=splits, variant=variant), pools, qs, nbytes)
 
 
-def time_triton(batch, tokens, key):
-  c0 = da.synthetic_cache(key, batch, tokens, "int2")
+def time_triton(batch, tokens, key, bits=2):
+  c0 = da.synthetic_cache(key, batch, tokens, f"int{bits}")
   inner = da.inner_calls(c0.nbytes)
   caches = [c0] + da.copies(lambda i: _distinct(c0, i), c0.nbytes, inner)[1:]
   qs = da.queries(jax.random.fold_in(key, 1), batch, inner)
@@ -121,7 +121,7 @@ def markdown(report: dict) -> str:
            "| batch | kernel | GPU µs a call | TB/s | against Triton |", "| ---: | --- | ---: | ---: | ---: |"]
   for row in report["rows"]:
     triton = row["triton"]["gpu_s"] or row["triton"]["wall_s"]
-    lines.append(f"| {row['batch']} | triton (`pallas`, int2 plan) | {triton * 1e6:.1f} | "
+    lines.append(f"| {row['batch']} | triton (`pallas`, int{report.get('bits', 2)} plan) | {triton * 1e6:.1f} | "
                  f"{row['triton_TBps']:.3f} | 1 |")
     for name, value in row.items():
       if isinstance(value, dict) and name != "triton":
@@ -144,6 +144,7 @@ def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--batches", type=int, nargs="+", default=[8, 60])
   ap.add_argument("--tokens", type=int, default=32768)
+  ap.add_argument("--bits", type=int, default=2, choices=[2, 4], help="INT2 pools (against the int2 plan), or INT4")
   ap.add_argument("--splits", type=int, nargs="+", default=[4, 8, 16])
   ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
   ap.add_argument("--budget-s", type=float, default=1e9)
@@ -162,7 +163,7 @@ def main(argv=None) -> int:
     INTERPRET = mi.interpret_params()
   start = time.time()
   key = jax.random.PRNGKey(0)
-  report = dict(provenance=provenance(), rows=[], checks=[])
+  report = dict(provenance=provenance(), bits=args.bits, rows=[], checks=[])
   errors, checked = [], []  # a variant that fails or errs is reported and not timed; the run exits 1
   for variant in args.variants:
     cases = [(f"{variant}, small: 6 pairs x 1024 tokens, 4 splits", (6, 1024, 4, key), {}),  # 4: `warpgroups`
@@ -171,7 +172,7 @@ def main(argv=None) -> int:
               (args.batches[0] * da.KV_HEADS, args.tokens, args.splits[0], key, 4), {})]
     for case, check_args, check_options in cases:
       try:
-        errors.append((case, check(*check_args, variant=variant, **check_options)))
+        errors.append((case, check(*check_args, variant=variant, bits=args.bits, **check_options)))
       except Exception as e:  # a variant the device refuses
         errors.append((case, float("nan")))
         report.setdefault("check_errors", {})[case] = repr(e)[:600]
@@ -181,7 +182,7 @@ def main(argv=None) -> int:
   report["checks"] = [dict(case=c, max_abs_error=e) for c, e in errors]
   report["copy"] = copy_bandwidth(1 << 30)
   for batch in args.batches:
-    tri = time_triton(batch, args.tokens, key)
+    tri = time_triton(batch, args.tokens, key, args.bits)
     row = dict(batch=batch, tokens=args.tokens, triton=tri,
                triton_TBps=tri["bytes"] / (tri["gpu_s"] or tri["wall_s"]) / 1e12)
     print(json.dumps(row, default=str), flush=True)
@@ -193,7 +194,7 @@ def main(argv=None) -> int:
           break
         name = f"{variant}_j{splits}"
         try:
-          mos = time_mosaic(batch, args.tokens, splits, key, variant)
+          mos = time_mosaic(batch, args.tokens, splits, key, variant, args.bits)
           row[name] = mos
           row[f"{name}_TBps"] = mos["bytes"] / (mos["gpu_s"] or mos["wall_s"]) / 1e12
         except Exception as e:  # a variant the device refuses: recorded, not fatal
