@@ -25,7 +25,9 @@ Status (H200, 2026-12-04, `benchmarks/mosaic_int2_bench.py`, `results/decode_att
 Triton kernel's 645, 94 against 101 at batch 8. In the registered path as `"pallas:mosaic_int2"`
 (`DecodeConfig.int2_mosaic`): a layer's range of the INT2 pool (`range_partials`: the count of windows is
 data, each split's trip count follows it) in a launch of its own, merged with the Triton launch's
-partials; one layer at batch 8 x 32k, mixed plan, 150 µs against 158.
+partials; one layer at batch 8 x 32k, mixed plan, 150 µs against 158. In the 7B step at 32 x 100 (session
+22) its launches take 5.26 ms a step against the Triton launch's 5.95, but the XLA bias around them 0.87
+ms more: hence `dequantize_keys` (no bias) and `lagged_max` (one barrier a step), both untimed.
 
 Layouts: codes [N, T, H/4] uint8 packed "split" style (byte j holds channels j, j + 32, j + 64, j + 96 at
 bits 0, 2, 4, 6), scales and minimums [N, T/32, H] f16, N = batch * KV heads. Scores are base 2 (q carries
