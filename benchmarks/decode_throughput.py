@@ -82,7 +82,9 @@ METHODS = {
     "B": ("windowquant", WindowQuantConfig(random_plan=True)),
     "C": ("windowquant", WindowQuantConfig(reorder=False)),
 }
-NO_INT2_POOLS = {"fp16", "rtn4", "kivi4"}  # the same program under every "pallas:mosaic_*" as under "pallas"
+# Pools the Mosaic kernels serve, by method: none for fp16 and KIVI (values scaled a token), so their
+# programs under a "pallas:mosaic_*" path are "pallas"'s; rtn4's only under a path that takes INT4 too.
+MOSAIC_POOLS = {"fp16": (), "kivi2": (), "kivi4": (), "rtn4": (4,)}  # others: INT2 (and INT4)
 XLA_ONLY = {"C"}  # the interleaved layout has one reader, XLA's: timed under "xla" whatever --attention asks
 ALPHAS = (0.5, 1.0, 2.0, 3.0, 4.0)
 WINDOW_SIZES = (8, 16, 32, 64, 128)
@@ -273,9 +275,10 @@ class Report:
         ("- ms_step: median decode-loop time / (steps - 1) after a warm-up call (the first token comes from "
          "the prefill logits); tok_s = batch / step; floor = (weights + cache bytes) / copy bandwidth"),
         ("- speedup_vs_fp16: fp16's step / this step, same setting and attention, else fp16 under the "
-         "first attention asked for (C runs under xla only; fp16 has no INT2 pool, so it is not timed again "
-         "under the pallas:mosaic_* paths); vs_fp16_attention says which; byte_speedup: (weights + fp16 "
-         "cache) / (weights + this cache); achieved = speedup_vs_fp16 / byte_speedup"),
+         "first attention asked for (C runs under xla only; a method is not timed again under a "
+         "pallas:mosaic_* path that serves none of its pools: fp16, KIVI, rtn4 but under the INT4 one); "
+         "vs_fp16_attention says which; byte_speedup: (weights + fp16 cache) / (weights + this cache); "
+         "achieved = speedup_vs_fp16 / byte_speedup"),
         ("- A: no fixed first window; B: random bit widths, each layer's searched counts; C: no reorder "
          "(interleaved layout, XLA reader only). Random weights: plans come from random embeddings; "
          "windows_16_4_2 counts every layer's windows at 16, 4 and 2 bits"),
@@ -368,11 +371,13 @@ def run_jobs(model, prefilled, jobs: list[Job], args, budget: Budget, report: Re
 
 
 def _attentions(method: str, asked: list[str]) -> list[str]:
-  """The attentions to time `method` under: the Mosaic INT2 paths only where it has INT2 pools (else they
-  would time "pallas" again), unless "pallas" itself was not asked for."""
-  if method in NO_INT2_POOLS and "pallas" in asked:
-    return [a for a in asked if not a.startswith("pallas:mosaic")]
-  return asked
+  """The attentions to time `method` under: a "pallas:mosaic_*" path only where it serves one of the
+  method's pools (else it would time "pallas" again), unless "pallas" itself was not asked for."""
+  if "pallas" not in asked:
+    return asked
+  served = lambda a: (2, 4) if "int4" in a else (2,)
+  bits = MOSAIC_POOLS.get(method, (2, 4))
+  return [a for a in asked if not a.startswith("pallas:mosaic") or set(bits) & set(served(a))]
 
 
 def main_rows(model, prefills, built, setting: Setting, args, device, budget, report, workspace) -> None:

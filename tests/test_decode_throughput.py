@@ -126,9 +126,10 @@ def test_full_size_refuses_other_families(tmp_path):
     full_size.model("internvl2-8b", tmp_path)
 
 
-def test_methods_without_int2_pools_are_not_timed_again_under_the_mosaic_paths():
-  asked = ["pallas", "pallas:mosaic_int2", "pallas:mosaic_int2_keys"]
+def test_methods_the_mosaic_paths_do_not_serve_are_not_timed_again_under_them():
+  asked = ["pallas", "pallas:mosaic_int2", "pallas:mosaic_int2_int4"]
   assert decode_throughput._attentions("fp16", asked) == ["pallas"]
-  assert decode_throughput._attentions("rtn4", asked) == ["pallas"]
+  assert decode_throughput._attentions("kivi2", asked) == ["pallas"]
+  assert decode_throughput._attentions("rtn4", asked) == ["pallas", "pallas:mosaic_int2_int4"]
   assert decode_throughput._attentions("windowquant", asked) == asked
   assert decode_throughput._attentions("fp16", ["pallas:mosaic_int2"]) == ["pallas:mosaic_int2"]
