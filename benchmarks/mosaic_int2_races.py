@@ -23,18 +23,6 @@ from benchmarks.harness import provenance
 from pallas_kernels import mosaic_int2 as mi
 
 
-def partials(q, pool, splits, variant):
-  options = dict(mi.VARIANTS[variant])
-  k_codes, k_scale, k_min, v_codes, v_scale, v_min = pool
-  windows = k_codes.shape[1] // mi.WINDOW
-  if k_codes.shape[1] % (mi.STEP * options.get("steps_per_block", 1) * splits):
-    return mi.range_partials(q, *pool, 0, windows, windows=windows, splits=splits, interpret=bench.INTERPRET,
-                             **options), False
-  bias = k_min if options.get("bias_in_kernel") or options.get("dequantize_keys") else mi.key_bias(q, k_min)
-  return mi.int2_decode(q, k_codes, k_scale, bias, v_codes, v_scale, v_min, splits=splits,
-                        interpret=bench.INTERPRET, **options), True
-
-
 def split_errors(q, pool, parts, splits, pairs) -> dict:
   """Each split merged alone against the reference on its own tokens: {pair: [error a split]}."""
   o_t, m, l = (np.asarray(x) for x in parts)
@@ -56,7 +44,8 @@ def case(variant, batch, tokens, splits, calls, key) -> dict:
   pairs = batch * 4
   pool = bench.int2_pool(key, pairs, tokens)
   q = bench.scaled_queries(jax.random.fold_in(key, 1), pairs)
-  fn = jax.jit(lambda q, *pool: partials(q, pool, splits, variant)[0])
+  fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, interpret=bench.INTERPRET,
+                                                 **mi.VARIANTS[variant]))
   divides = not tokens % (mi.STEP * dict(mi.VARIANTS[variant]).get("steps_per_block", 1) * splits)
   runs = [jax.tree.map(np.asarray, fn(q, *pool)) for _ in range(calls)]
   bad_calls, bad = 0, set()

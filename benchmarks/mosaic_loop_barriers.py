@@ -29,13 +29,11 @@ def kernel_mlir(variant: str) -> str:
     return serde(module, *args, **kwargs)
 
   options = dict(mi.VARIANTS[variant])
-  own_minimums = options.get("dequantize_keys") or options.get("bias_in_kernel")
   codes = jax.ShapeDtypeStruct((4, 512, mi.HEAD_DIM // 4), jnp.uint8)
   metadata = jax.ShapeDtypeStruct((4, 512 // mi.WINDOW, mi.HEAD_DIM), jnp.float16)
   shapes = [jax.ShapeDtypeStruct((4, 7, mi.HEAD_DIM), jnp.float32), codes, metadata, metadata, codes, metadata,
             metadata]
-  fn = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.int2_decode(
-      q, kc, ks, km if own_minimums else mi.key_bias(q, km), vc, vs, vm, splits=2, **options))
+  fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=2, **options))
   core._run_serde_pass = capture
   try:
     fn.trace(*shapes).lower(lowering_platforms=("cuda",))

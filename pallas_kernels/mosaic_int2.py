@@ -821,20 +821,27 @@ def range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, c
                      range_params=params, **options)
 
 
+def pool_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, interpret=None,
+                  **options):
+  """`int2_decode`'s partials over one whole pool, given its key minimums: the bias computed where the
+  options need one. Splits that do not divide the pool's steps read it as a range (the last split's
+  surplus windows masked)."""
+  windows = k_codes.shape[1] // WINDOW
+  if k_codes.shape[1] % (STEP * options.get("steps_per_block", 1) * splits):
+    return range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, 0, windows, windows=windows,
+                          splits=splits, interpret=interpret, **options)
+  own_minimums = options.get("bias_in_kernel") or options.get("dequantize_keys")
+  bias = k_min if own_minimums else key_bias(q, k_min)
+  return int2_decode(q, k_codes, k_scale, bias, v_codes, v_scale, v_min, splits=splits, interpret=interpret,
+                     **options)
+
+
 @functools.partial(jax.jit, static_argnames=("splits", "interpret", "options"))
 def attend(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, interpret=None, options=()):
-  """q [N, G, H] -> [N, G, H] f32 over one INT2 pool: the kernel, then the merge of its partials.
-  `options`: (name, value) pairs of `int2_decode`'s keywords. Splits that do not divide the pool's steps
-  read it as a range (the last split's surplus windows masked)."""
-  windows = k_codes.shape[1] // WINDOW
-  if k_codes.shape[1] % (STEP * dict(options).get("steps_per_block", 1) * splits):
-    o_t, m, l = range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, 0, windows, windows=windows,
-                               splits=splits, interpret=interpret, **dict(options))
-  else:
-    own_minimums = dict(options).get("bias_in_kernel") or dict(options).get("dequantize_keys")
-    bias = k_min if own_minimums else key_bias(q, k_min)
-    o_t, m, l = int2_decode(q, k_codes, k_scale, bias, v_codes, v_scale, v_min,
-                            splits=splits, interpret=interpret, **dict(options))
+  """q [N, G, H] -> [N, G, H] f32 over one pool: `pool_partials`, then the merge. `options`: (name, value)
+  pairs of `int2_decode`'s keywords."""
+  o_t, m, l = pool_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, splits=splits,
+                            interpret=interpret, **dict(options))
   return merge(o_t, m, l, q.shape[1])
 
 

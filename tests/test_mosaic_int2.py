@@ -162,10 +162,7 @@ def test_lowers_for_cuda(options):
     lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.range_partials(
         q, kc, ks, km, vc, vs, vm, 3, 9, windows=12, splits=splits, **options))
   else:
-    lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.int2_decode(
-        q, kc, ks, km if options.get("bias_in_kernel") or options.get("dequantize_keys") else mi.key_bias(q, km),
-        vc, vs, vm, splits=splits,
-        **options))
+    lower = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, **options))
   text = lower.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
 
