@@ -33,6 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from benchmarks.harness import best_copy_TBps, copy_bandwidth
+from pallas_kernels import mosaic_int2 as mi
 from pallas_kernels import quantized_decode as qd
 from pallas_kernels import registration
 from wq_jax import attention, cache
@@ -422,7 +423,7 @@ VARIANTS = {
     "mosaic_int2_int4": qd.MOSAIC_INT2_INT4,  # that, and the INT4 pool in a Mosaic launch too (untimed)
     "mosaic_int2_wg4": qd.MOSAIC_FOUR_WARPGROUPS,  # four programs a CTA, 128 registers (wrong on the H200, s22)
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
-        int2_mosaic=True, mosaic_options=qd.DecodeConfig.mosaic_options + (("steps_per_block", 2),)),
+        int2_mosaic=True, mosaic_options=tuple(mi.VARIANTS["deferred_values_first_block2"].items())),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)
     "t4p2": qd.DecodeConfig(tile_windows=4, programs_per_multiprocessor=2),
     # exp2 as ex2.approx.f32, as XLA's Triton lowers jnp.exp2 (a compare and two predicated multiplies around

@@ -62,6 +62,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from pallas_kernels import mosaic_int2
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
@@ -151,23 +153,23 @@ class DecodeConfig:
   # dequantized before the key wgmma: 578 µs against 637 (`fast`) and Triton's 645 at batch 60, 317 against
   # 351 and 345 at batch 32, 94 against 98 and 101 at batch 8. (Until session 22 its partials were sometimes
   # not finite past one wave: a race on the query's buffer, fixed in `mosaic_int2.py`.)
-  mosaic_options: tuple = (("defer_values_wgmma", True), ("overlap_values", False))
+  mosaic_options: tuple = tuple(mosaic_int2.VARIANTS["deferred_values_first"].items())
 
 
 # The Mosaic INT2 launch with its key minimums' biases computed in the kernel, not by an XLA einsum over the
 # bound's windows before it ("pallas:mosaic_int2_bias"). Slower in the 7B step (session 22, 32 x 100: 11.68
 # ms against Triton's 11.01; its kernel 5.94 ms a step against 5.05 without): the biases are computed before
 # the loop, in series with it.
-MOSAIC_BIAS_IN_KERNEL = DecodeConfig(int2_mosaic=True,
-                                     mosaic_options=DecodeConfig.mosaic_options + (("bias_in_kernel", True),))
+MOSAIC_BIAS_IN_KERNEL = DecodeConfig(
+    int2_mosaic=True, mosaic_options=tuple(mosaic_int2.VARIANTS["deferred_values_first_bias"].items()))
 # The keys dequantized in registers as the values are: no bias anywhere, q^T stored once (untimed;
 # "pallas:mosaic_int2_keys").
-MOSAIC_DEQUANTIZED_KEYS = DecodeConfig(int2_mosaic=True,
-                                       mosaic_options=DecodeConfig.mosaic_options + (("dequantize_keys", True),))
+MOSAIC_DEQUANTIZED_KEYS = DecodeConfig(
+    int2_mosaic=True, mosaic_options=tuple(mosaic_int2.VARIANTS["deferred_dequantized_keys"].items()))
 # That, with P taken against the maximum agreed so far (`lagged_max`: one barrier a step, not three; untimed;
 # "pallas:mosaic_int2_lagged").
-MOSAIC_LAGGED_MAX = DecodeConfig(int2_mosaic=True,
-                                 mosaic_options=MOSAIC_DEQUANTIZED_KEYS.mosaic_options + (("lagged_max", True),))
+MOSAIC_LAGGED_MAX = DecodeConfig(
+    int2_mosaic=True, mosaic_options=tuple(mosaic_int2.VARIANTS["deferred_dequantized_keys_lagged"].items()))
 # That for the INT4 pool too, in a Mosaic launch of its own (untimed; "pallas:mosaic_int2_int4").
 MOSAIC_INT2_INT4 = dataclasses.replace(MOSAIC_LAGGED_MAX, int4_mosaic=True)
 # Four programs a CTA of 512 threads (ptxas must fit 128 registers: 4 programs an SM), without the deferred
@@ -175,7 +177,7 @@ MOSAIC_INT2_INT4 = dataclasses.replace(MOSAIC_LAGGED_MAX, int4_mosaic=True)
 # changing from call to call; right in the interpret mode): its warpgroups shared Pallas' one reduction
 # scratch. Fixed offline (`mosaic_int2._column_reduce`), unverified on the device, so not registered.
 MOSAIC_FOUR_WARPGROUPS = DecodeConfig(int2_mosaic=True, mosaic_programs_per_multiprocessor=4,
-                                      mosaic_options=(("overlap_values", False), ("warpgroups", 4)))
+                                      mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4"].items()))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -712,7 +714,6 @@ def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int, b
   """Whether `mosaic_int2.py` serves this pool: keys and values of one of `bits` widths (2, 4) with scales
   a window and channel (not KIVI's values a token), windows of 32, head dim 128, at most 8 query heads a
   KV head, JAX >= 0.11."""
-  from pallas_kernels import mosaic_int2
   return (kp.bits in bits and vp.bits == kp.bits and not kp.channel_group and not vp.channel_group and g <= 8
           and window == mosaic_int2.WINDOW and h == mosaic_int2.HEAD_DIM and mosaic_int2.available())
 
@@ -723,7 +724,6 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, w
   Mosaic GPU kernel: partial softmaxes m and l [B, K, 2J, 8] as `_launch`'s but of 8 rows (its window
   parities are two splits each; rows from G on are padding), and o as the kernel writes it, heads last:
   [B, K, J, H, 2, 8] (transposing it cost the 7B step 0.14 ms at 32 x 100, session 22)."""
-  from pallas_kernels import mosaic_int2
   b, kh, g, h = qg.shape
   n = b * kh
   q = qg.reshape(n, g, h).astype(jnp.float32) * (q_scale * _LOG2E)
