@@ -125,9 +125,13 @@ def query_operands(q: jax.Array, part_scaled: bool = True, bits: int = 2) -> jax
   n, g, h = q.shape
   if g > COLUMNS // 2 or h != HEAD_DIM:
     raise ValueError(f"the Mosaic INT2 kernel serves up to 8 query heads of dim {HEAD_DIM}, got {g} of {h}")
-  qt = jnp.zeros((n, h, COLUMNS // 2), jnp.float32).at[:, :, :g].set(jnp.swapaxes(q, 1, 2).astype(jnp.float32))
-  qt = jnp.concatenate([qt, qt], axis=2)
+  # Column c takes head c % 8, as a sum over the heads against a 0/1 selection (exact: one term is not zero),
+  # one fusion for XLA. Written as a swap of axes, a padding and a concatenation, it is the likely source of
+  # the convert, transpose and concatenate kernels a layer that only the Mosaic path had in the 7B step
+  # (session 23's profile).
+  pick = (jnp.arange(COLUMNS)[None, :] % (COLUMNS // 2) == jnp.arange(g)[:, None]).astype(jnp.float32)
   part_scale = (2.0 ** bits) ** -(jnp.arange(h) // (h * bits // 8)) if part_scaled else jnp.ones((h,))
+  qt = jnp.sum(q.astype(jnp.float32)[:, :, :, None] * pick[None, :, None, :], axis=1)
   return (qt * part_scale[None, :, None]).astype(jnp.float16)
 
 
@@ -866,16 +870,16 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # the keys dequantized in registers as the values are: no bias, q^T stored once (untimed)
     "dequantized_keys": dict(overlap_values=False, dequantize_keys=True),
     "deferred_dequantized_keys": dict(defer_values_wgmma=True, overlap_values=False, dequantize_keys=True),
-    # P against the maximum agreed so far: one barrier a step (untimed)
+    # P against the maximum agreed so far: one barrier a step (8-10 % faster, session 23)
     "deferred_values_first_lagged": dict(defer_values_wgmma=True, overlap_values=False, lagged_max=True),
     "deferred_dequantized_keys_lagged": dict(defer_values_wgmma=True, overlap_values=False, dequantize_keys=True,
                                              lagged_max=True),
     # four programs a CTA of 512 threads: ptxas must fit 128 registers, 4 programs an SM (splits must be a
-    # multiple of 4; wrong on the H200, session 22: `mosaic_int2_races_wg4_s22.json`)
+    # multiple of 4; wrong on the H200 in session 22, `mosaic_int2_races_wg4_s22.json`, until `_column_reduce`)
     "values_first_wg4": dict(overlap_values=False, warpgroups=4),
     "values_first_wg4_block2": dict(overlap_values=False, warpgroups=4, steps_per_block=2),
-    # with the reductions through a scratch a warpgroup (the cause of the above), the keys dequantized and
-    # the lagged maximum (untimed)
+    # with the keys dequantized and the lagged maximum: the fastest at batch 32, and the default's at large
+    # batches (`quantized_decode.LARGE_BATCH_MOSAIC`; session 23)
     "values_first_wg4_keys_lagged": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
