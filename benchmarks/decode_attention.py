@@ -159,9 +159,10 @@ def inner_calls(nbytes: int) -> int:
 # ----------------------------------------------------------------------------- runs
 
 
-def pallas_fn(config: qd.DecodeConfig | None):
+def pallas_fn(config: qd.DecodeConfig | None, implementation: str = "pallas"):
+  """The attention call to time: a registered implementation, or the kernel with tiling `config`."""
   if config is None:
-    return lambda q, c: attention.decode_attention(q, c.layer(0), implementation="pallas")
+    return lambda q, c: attention.decode_attention(q, c.layer(0), implementation=implementation)
 
   def run(q, c):
     layer = c.layer(0)
@@ -421,7 +422,9 @@ VARIANTS = {
     "mosaic_int2_keys": qd.MOSAIC_DEQUANTIZED_KEYS,  # and the keys dequantized in registers: no bias (untimed)
     "mosaic_int2_lagged": qd.MOSAIC_LAGGED_MAX,  # and P against the maximum agreed so far (untimed)
     "mosaic_int2_int4": qd.MOSAIC_INT2_INT4,  # that, and the INT4 pool in a Mosaic launch too (untimed)
-    "mosaic_int2_wg4": qd.MOSAIC_FOUR_WARPGROUPS,  # four programs a CTA, 128 registers (wrong on the H200, s22)
+    "mosaic_int2_wg4": qd.MOSAIC_FOUR_WARPGROUPS,  # four programs a CTA, keys dequantized, lagged max (s23)
+    "mosaic_int2_int4_wg4": dataclasses.replace(qd.MOSAIC_FOUR_WARPGROUPS, int4_mosaic=True),  # INT4 too (s23)
+    "mosaic_int2_wg4_merged": qd.MOSAIC_FOUR_WARPGROUPS_MERGED,  # the two sets merged in one launch (untimed)
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=tuple(mi.VARIANTS["deferred_values_first_block2"].items())),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)

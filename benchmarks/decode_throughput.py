@@ -372,12 +372,18 @@ def run_jobs(model, prefilled, jobs: list[Job], args, budget: Budget, report: Re
 
 def _attentions(method: str, asked: list[str]) -> list[str]:
   """The attentions to time `method` under: a "pallas:mosaic_*" path only where it serves one of the
-  method's pools (else it would time "pallas" again), unless "pallas" itself was not asked for."""
+  method's pools, and "pallas:triton" only where the method has INT2 pools (the one kind "pallas" may send
+  to the Mosaic kernel); else either would time "pallas" again. All of them where "pallas" was not asked."""
   if "pallas" not in asked:
     return asked
   served = lambda a: (2, 4) if "int4" in a else (2,)
   bits = MOSAIC_POOLS.get(method, (2, 4))
-  return [a for a in asked if not a.startswith("pallas:mosaic") or set(bits) & set(served(a))]
+
+  def differs(a):
+    if a == "pallas:triton":
+      return 2 in bits
+    return not a.startswith("pallas:mosaic") or bool(set(bits) & set(served(a)))
+  return [a for a in asked if differs(a)]
 
 
 def main_rows(model, prefills, built, setting: Setting, args, device, budget, report, workspace) -> None:

@@ -2,7 +2,7 @@
 
 For each batch (Qwen2-7B attention: 4 KV heads, 7 query heads each, head dim 128) and 32k tokens:
   - `mosaic`: the Mosaic kernel and the merge of its partials, over one INT2 pool of exactly `tokens`;
-  - `triton`: the registered `"pallas"` path on the `int2` plan of `decode_attention.py` (the same pool
+  - `triton`: the registered `"pallas:triton"` path on the `int2` plan of `decode_attention.py` (the same pool
     less two windows, plus 80 bf16 rest tokens), the way the model calls it;
   - a device-to-device copy of the Mosaic inputs' bytes (`jnp.copy`; the H200's torch copy reaches 4.28).
 Times are medians of wall-clock dispatches of many calls, and the GPU time a call from a profile (the
@@ -99,7 +99,7 @@ def time_triton(batch, tokens, key, bits=2):
   inner = da.inner_calls(c0.nbytes)
   caches = [c0] + da.copies(lambda i: _distinct(c0, i), c0.nbytes, inner)[1:]
   qs = da.queries(jax.random.fold_in(key, 1), batch, inner)
-  return _timed(da.pallas_fn(None), [(c,) for c in caches], qs, c0.nbytes)
+  return _timed(da.pallas_fn(None, "pallas:triton"), [(c,) for c in caches], qs, c0.nbytes)
 
 
 def _copy_line(report: dict) -> str:

@@ -102,7 +102,8 @@ class DecodeConfig:
   # 116 µs at batch 8, 32k tokens, against 157 in the 4-warp launch (INT2 runs 3x slower at 2 warps),
   # and the mixed plan 153 against 163 (H200, 2026-12-03).
   int4_launch: DecodeConfig | None = dataclasses.field(default_factory=lambda: DecodeConfig(
-      num_warps=2, tile_windows=2, int4_tile_windows=None, programs_per_multiprocessor=6, int4_launch=None))
+      num_warps=2, tile_windows=2, int4_tile_windows=None, programs_per_multiprocessor=6, int4_launch=None,
+      mosaic_min_pairs=None))
   # ... where the INT4 pools hold at least this many tokens over all (request, KV head) pairs. A launch
   # costs a few µs of GPU time: at batch 1 x 1k (1.4k such tokens) the second launch and the split of
   # its results made the call 21.4 µs against 14.8 in one launch; at batch 8 x 32k (367k) it saved 10.
@@ -140,13 +141,12 @@ class DecodeConfig:
   combine_splits_a_step: int = 8  # partial softmaxes the combine kernel merges a loop step
   # The INT2 pool (window-wise key and value scales, window 32, head dim 128, G <= 8) in a launch of
   # `mosaic_int2.py`'s Mosaic GPU kernel (JAX >= 0.11), merged with the other launches' partials by the
-  # combine. Off: one layer at batch 8 x 32k it is 1.06 x the Triton kernel on the mixed plan and 1.14 x on
-  # INT2 (H200, session 21), and its launches in the 7B step at 32 x 100 take 5.26 ms a step against the
-  # Triton launch's 5.95, but the XLA work around them (the bias's slice and einsum, transposes, padding)
-  # costs 1.3 ms more: the step is 11.50 ms against 10.73 (session 22,
-  # `decode_profile_*_mosaic_s22_gpu.md`). "pallas:mosaic_int2" (registration.py) turns it on.
+  # combine. On for every launch here ("pallas:mosaic_int2" and the other MOSAIC_* configurations); the
+  # default turns it on for large launches only (`mosaic_min_pairs` below). With these options (session 22's
+  # variant) the 7B step at 32 x 100 was 11.50 ms against the Triton kernel's 10.73: the XLA work for the
+  # key minimums' bias outweighed the kernel's gain (`decode_profile_*_mosaic_s22_gpu.md`).
   int2_mosaic: bool = False
-  int4_mosaic: bool = False  # the INT4 pool through the same kernel, in a launch of its own (untimed)
+  int4_mosaic: bool = False  # the INT4 pool through the same kernel, in a launch of its own (see MOSAIC_INT2_INT4)
   mosaic_programs_per_multiprocessor: int = 3  # its 148 registers a thread leave room for three
   # `mosaic_int2.int2_decode` keywords, as (name, value) pairs: the fastest variant (H200, 2026-12-04,
   # `mosaic_int2_s21_run2_h200.md`, 32k tokens), the V wgmma waited for in the next step and the values
@@ -154,6 +154,15 @@ class DecodeConfig:
   # 351 and 345 at batch 32, 94 against 98 and 101 at batch 8. (Until session 22 its partials were sometimes
   # not finite past one wave: a race on the query's buffer, fixed in `mosaic_int2.py`.)
   mosaic_options: tuple = tuple(mosaic_int2.VARIANTS["deferred_values_first"].items())
+  # Where int2_mosaic is off, the INT2 pool still goes through the Mosaic kernel (as `LARGE_BATCH_MOSAIC`
+  # configures it; on a GPU with JAX >= 0.11) where a launch has at least this many (request, KV head) pairs
+  # and the pool at least `mosaic_min_pool_tokens` tokens a layer; None: never. There it wins, in the 7B step
+  # at 32 x 100 (128 pairs, pool bound 32k tokens) 10.13 ms against 10.92 with the Triton kernel, and one
+  # layer at 32k tokens 278 µs against 345 at batch 32, 544 against 646 at batch 60 (session 23,
+  # `decode_throughput_*_s23_gpu.md`, `mosaic_int2_s23_h200.md`); at batch 8 the two tie (151 µs against
+  # 152 on the mix) and at 1 x 100 it loses the step (6.84 ms against 5.48: the XLA work around its launch).
+  mosaic_min_pairs: int | None = 128
+  mosaic_min_pool_tokens: int = 1 << 14
 
 
 # The Mosaic INT2 launch with its key minimums' biases computed in the kernel, not by an XLA einsum over the
@@ -162,22 +171,31 @@ class DecodeConfig:
 # the loop, in series with it.
 MOSAIC_BIAS_IN_KERNEL = DecodeConfig(
     int2_mosaic=True, mosaic_options=tuple(mosaic_int2.VARIANTS["deferred_values_first_bias"].items()))
-# The keys dequantized in registers as the values are: no bias anywhere, q^T stored once (untimed;
-# "pallas:mosaic_int2_keys").
+# The keys dequantized in registers as the values are: no bias anywhere, q^T stored once
+# ("pallas:mosaic_int2_keys"; the kernel alone no faster, session 23).
 MOSAIC_DEQUANTIZED_KEYS = DecodeConfig(
     int2_mosaic=True, mosaic_options=tuple(mosaic_int2.VARIANTS["deferred_dequantized_keys"].items()))
-# That, with P taken against the maximum agreed so far (`lagged_max`: one barrier a step, not three; untimed;
-# "pallas:mosaic_int2_lagged").
+# That, with P taken against the maximum agreed so far (`lagged_max`: one barrier a step, not three;
+# "pallas:mosaic_int2_lagged"): 8-10 % faster at batch 8-60 (session 23), the 7B step at 32 x 100 10.54 ms.
 MOSAIC_LAGGED_MAX = DecodeConfig(
     int2_mosaic=True, mosaic_options=tuple(mosaic_int2.VARIANTS["deferred_dequantized_keys_lagged"].items()))
-# That for the INT4 pool too, in a Mosaic launch of its own (untimed; "pallas:mosaic_int2_int4").
+# That for the INT4 pool too, in a Mosaic launch of its own ("pallas:mosaic_int2_int4"): 1.08 x the Triton INT4
+# launch at batch 8 x 32k, 0.91 x at batch 60 (session 23, `mosaic_int4_s23_h200.md`).
 MOSAIC_INT2_INT4 = dataclasses.replace(MOSAIC_LAGGED_MAX, int4_mosaic=True)
-# Four programs a CTA of 512 threads (ptxas must fit 128 registers: 4 programs an SM), without the deferred
-# V wgmma. Wrong on the H200 (session 22, `mosaic_int2_races_wg4_s22.json`: some splits off by up to 0.09,
-# changing from call to call; right in the interpret mode): its warpgroups shared Pallas' one reduction
-# scratch. Fixed offline (`mosaic_int2._column_reduce`), unverified on the device, so not registered.
-MOSAIC_FOUR_WARPGROUPS = DecodeConfig(int2_mosaic=True, mosaic_programs_per_multiprocessor=4,
-                                      mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4"].items()))
+# Four programs a CTA of 512 threads (ptxas must fit 128 registers: 4 programs an SM), the keys dequantized
+# and the lagged maximum, without the deferred V wgmma ("pallas:mosaic_int2_wg4"; `_mosaic_int2_partials` rounds
+# the splits up to a multiple of 4). Session 22's wrong results (its warpgroups
+# shared Pallas' one reduction scratch) are fixed (`mosaic_int2._column_reduce`): the checks and 6-call race
+# runs passed on the H200 (session 23, `mosaic_int2_races_s23.json`), and at batch 32 x 32k it is the fastest
+# variant, 278 µs against Triton's 345 (`mosaic_int2_s23_h200.md`).
+LARGE_BATCH_MOSAIC = dict(mosaic_programs_per_multiprocessor=4,
+                          mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged"].items()))
+MOSAIC_FOUR_WARPGROUPS = DecodeConfig(int2_mosaic=True, **LARGE_BATCH_MOSAIC)
+# That, with the two launches' partials merged in one Pallas launch (`combine_with_heads_last_kernel`) where
+# XLA takes five or more small kernels a layer ("pallas:mosaic_int2_wg4_merged"; untimed).
+MOSAIC_FOUR_WARPGROUPS_MERGED = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS, fused_combine=True)
+# The Triton kernel for every pool, at every batch ("pallas:triton": the baseline the Mosaic benches compare to).
+TRITON_ONLY = DecodeConfig(mosaic_min_pairs=None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -627,6 +645,8 @@ def quantized_decode(
   sets = _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                                window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
                                config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
+  if len(sets) == 2 and config.fused_combine and sets[1][0].ndim == 6:  # Triton's and one Mosaic launch's
+    return combine_with_heads_last_kernel(*sets, qg.shape[2], interpret=interpret)
   if len(sets) > 1 and not config.fused_combine:
     # The Triton and Mosaic launches' partials (Gp and 8 rows) merged where they lie: no concatenated copy.
     return combine_sets(sets, qg.shape[2])
@@ -689,11 +709,13 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
   layer = jnp.zeros((1,), jnp.int32) if rest_layer is None else jnp.reshape(rest_layer, (1,)).astype(jnp.int32)
   launch = functools.partial(_launch, q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, layer,
                              window_size=window_size, q_scale=q_scale, interpret=interpret)
+  int2 = [i for i in present if k_pools[i].bits == 2 and not k_pools[i].channel_group]
+  config = for_launch(config, b * kh, max((pool_tokens[i] for i in int2), default=0), interpret=interpret)
   served = (2,) * config.int2_mosaic + (4,) * config.int4_mosaic
   mosaic = [i for i in present if mosaic_serves(k_pools[i], v_pools[i], g, h, window_size, served)]
   if mosaic:  # those pools in Mosaic GPU launches (one each), the others as configured
     others = tuple(None if j in mosaic else p for j, p in enumerate(k_pools))
-    triton = dataclasses.replace(config, int2_mosaic=False, int4_mosaic=False)
+    triton = dataclasses.replace(config, int2_mosaic=False, int4_mosaic=False, mosaic_min_pairs=None)
     return [partial_softmaxes(qg, others, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                               window_size=window_size, tokens_hint=tokens_hint - sum(pool_tokens[i] for i in mosaic),
                               pool_tokens=pool_tokens, config=triton, q_scale=q_scale, rest_layer=rest_layer,
@@ -708,6 +730,16 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
              launch(int4, False, sum(pool_tokens[i] for i in int4), config.int4_launch)]
     return [tuple(jnp.concatenate(x, axis=2) for x in zip(*parts))]
   return [launch(present, True, tokens_hint, config)]
+
+
+def for_launch(config: DecodeConfig, pairs: int, int2_tokens: int, *, interpret: bool) -> DecodeConfig:
+  """`config`, or, where its INT2 pool would be large enough for the Mosaic kernel to win (`mosaic_min_pairs`
+  pairs, an INT2 pool of `mosaic_min_pool_tokens` tokens a layer, not in interpret mode), that with the INT2
+  pool through it (`mosaic_serves` still decides whether the kernel can take the pool)."""
+  if (config.int2_mosaic or config.mosaic_min_pairs is None or interpret or pairs < config.mosaic_min_pairs
+          or int2_tokens < config.mosaic_min_pool_tokens):
+    return config
+  return dataclasses.replace(config, int2_mosaic=True, mosaic_min_pairs=None, **LARGE_BATCH_MOSAIC)
 
 
 def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int, bits: tuple = (2,)) -> bool:
@@ -912,6 +944,67 @@ def combine_kernel(o: Float[Array, "B K J Gp H"], m: Float[Array, "B K J Gp"], l
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
       interpret=interpret,
       name="wq_combine_splits",
+  )(*inputs)
+  return out.reshape(b, kh, group, h)
+
+
+def _combine_with_heads_last_body(to_ref, tm_ref, tl_ref, mo_ref, mm_ref, ml_ref, out_ref, *, triton_parts: int,
+                                  mosaic_splits: int, group: int):
+  """One (request, KV head): the Triton launch's parts (rows: its padded heads), then the Mosaic launch's
+  splits (heads last: a split's [H, 16] block holds window parity p's heads in columns 8p ... 8p + 7), merged
+  online a part at a time on 8 rows, one a head."""
+  bk = pl.program_id(0)
+  rows = mosaic_int2.COLUMNS // 2
+
+  def merge(state, m, l, o):  # m, l [8], o [8, H]
+    m_run, l_run, o_run = state
+    m_new = jnp.maximum(m_run, m)
+    old, new = jnp.exp2(m_run - m_new), jnp.exp2(m - m_new)
+    return m_new, l_run * old + l * new, o_run * old[:, None] + o * new[:, None]
+
+  def triton_part(j, state):
+    r = bk * triton_parts + j
+    return merge(state, tm_ref[r, pl.ds(0, rows)], tl_ref[r, pl.ds(0, rows)], to_ref[r, pl.ds(0, rows), :])
+
+  def mosaic_split(j, state):
+    r = bk * mosaic_splits + j
+    for parity in range(2):
+      cols = pl.ds(parity * rows, rows)
+      state = merge(state, mm_ref[r, cols], ml_ref[r, cols], mo_ref[r, :, cols].T)
+    return state
+
+  m, l, (o,) = _fresh(rows, to_ref.shape[2], 1)
+  state = lax.fori_loop(0, triton_parts, triton_part, (m, l, o))
+  m, l, o = lax.fori_loop(0, mosaic_splits, mosaic_split, state)
+  out = o / jnp.where(l > 0, l, 1.0)[:, None]
+  real = lax.broadcasted_iota(jnp.int32, out.shape, 0) < group
+  plgpu.store(out_ref.at[pl.ds(bk * group, rows), :], out, mask=real)
+
+
+def combine_with_heads_last_kernel(triton_set, mosaic_set, group: int, *, interpret: bool = False):
+  """`combine_sets` of the Triton launch's partials (o [B, K, J, Gp, H], m and l [B, K, J, Gp]) and one Mosaic
+  launch's (o heads last [B, K, J', H, 2, 8], m and l [B, K, 2J', 8]), G <= 8, as one launch: a program per
+  (request, KV head), where XLA's merge of the two sets takes five or more kernels (session 23's profile)."""
+  to, tm, tl = triton_set
+  mo, mm, ml = mosaic_set
+  b, kh, parts, gp, h = to.shape
+  splits = mo.shape[2]
+  if group > mosaic_int2.COLUMNS // 2 or gp < mosaic_int2.COLUMNS // 2 or mo.shape[3:] != (h, 2, 8):
+    raise ValueError(f"combine_with_heads_last_kernel: G = {group} <= 8 heads, Triton rows {gp} >= 8, "
+                     f"Mosaic o [B, K, J, {h}, 2, 8]; got {mo.shape}")
+  n = b * kh
+  inputs = [to.reshape(n * parts, gp, h), tm.reshape(n * parts, gp), tl.reshape(n * parts, gp),
+            mo.reshape(n * splits, h, 16), mm.reshape(n * splits, 16), ml.reshape(n * splits, 16)]
+  whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
+  out = pl.pallas_call(
+      functools.partial(_combine_with_heads_last_body, triton_parts=parts, mosaic_splits=splits, group=group),
+      grid=(n,),
+      in_specs=[whole(x) for x in inputs],
+      out_specs=pl.BlockSpec((pl.Element(n * group), pl.Element(h)), lambda i: (0, 0)),
+      out_shape=jax.ShapeDtypeStruct((n * group, h), jnp.float32),
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      interpret=interpret,
+      name="wq_combine_with_mosaic",
   )(*inputs)
   return out.reshape(b, kh, group, h)
 

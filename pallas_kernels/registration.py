@@ -1,14 +1,19 @@
 """Registers the Pallas kernels as implementations of `wq_jax.attention.decode_attention`.
 
-    "pallas"              quantized_decode.py: split-K flash decoding, Pallas Triton lowering
+    "pallas"              quantized_decode.py: split-K flash decoding, Pallas Triton lowering; at large
+                          batches on long videos (JAX >= 0.11, GPU) its INT2 pool through mosaic_int2.py's
+                          Mosaic GPU kernel (`DecodeConfig.mosaic_min_pairs`)
+    "pallas:triton"       the Triton kernel for every pool at every batch
     "pallas:mosaic_int2"  the same, with the INT2 pool through mosaic_int2.py's Mosaic GPU kernel
                           (JAX >= 0.11 only; pools it does not serve go through the Triton kernel)
     "pallas:mosaic_int2_bias"  that, with the key minimums' biases computed in the Mosaic kernel
                           (`bias_in_kernel`; slower in the 7B step, session 22)
-    "pallas:mosaic_int2_keys"  that, with the keys dequantized in registers: no bias (`dequantize_keys`;
-                          untimed)
-    "pallas:mosaic_int2_lagged"  that, with P against the maximum agreed so far (`lagged_max`; untimed)
-    "pallas:mosaic_int2_int4"  that, and the INT4 pool through the same kernel (untimed)
+    "pallas:mosaic_int2_keys"  that, with the keys dequantized in registers: no bias (`dequantize_keys`)
+    "pallas:mosaic_int2_lagged"  that, with P against the maximum agreed so far (`lagged_max`)
+    "pallas:mosaic_int2_int4"  that, and the INT4 pool through the same kernel (slower than the Triton INT4
+                          launch at batch 60, session 23)
+    "pallas:mosaic_int2_wg4"  keys dequantized, lagged maximum, four programs (warpgroups) a CTA
+    "pallas:mosaic_int2_wg4_merged"  that, with the two launches' partials merged in one Pallas launch (untimed)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -49,9 +54,12 @@ def register_variant(name: str, config: quantized_decode.DecodeConfig) -> None:
 
 
 register_variant("pallas", quantized_decode.DecodeConfig())
+register_variant("pallas:triton", quantized_decode.TRITON_ONLY)
 if mosaic_int2.available():
   register_variant("pallas:mosaic_int2", quantized_decode.DecodeConfig(int2_mosaic=True))
   register_variant("pallas:mosaic_int2_bias", quantized_decode.MOSAIC_BIAS_IN_KERNEL)
   register_variant("pallas:mosaic_int2_keys", quantized_decode.MOSAIC_DEQUANTIZED_KEYS)
   register_variant("pallas:mosaic_int2_lagged", quantized_decode.MOSAIC_LAGGED_MAX)
   register_variant("pallas:mosaic_int2_int4", quantized_decode.MOSAIC_INT2_INT4)
+  register_variant("pallas:mosaic_int2_wg4", quantized_decode.MOSAIC_FOUR_WARPGROUPS)
+  register_variant("pallas:mosaic_int2_wg4_merged", quantized_decode.MOSAIC_FOUR_WARPGROUPS_MERGED)

@@ -191,7 +191,7 @@ def test_bad_shapes_are_refused():
 
 
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
-                                     "int2_int4"])
+                                     "int2_int4", "merged"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -222,7 +222,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   assert qd.mosaic_serves(k_pools[1], v_pools[1], g, h, window, bits=(2, 4))
   config = dict(default=qd.DecodeConfig(int2_mosaic=True), bias_in_kernel=qd.MOSAIC_BIAS_IN_KERNEL,
                 four_warpgroups=qd.MOSAIC_FOUR_WARPGROUPS, dequantize_keys=qd.MOSAIC_DEQUANTIZED_KEYS,
-                lagged_max=qd.MOSAIC_LAGGED_MAX, int2_int4=qd.MOSAIC_INT2_INT4)[variant]
+                lagged_max=qd.MOSAIC_LAGGED_MAX, int2_int4=qd.MOSAIC_INT2_INT4,
+                merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
@@ -240,6 +241,38 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                                   window_size=window, tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens,
                                   q_scale=h ** -0.5, config=config, interpret=interpret is not None)
   assert len(sets) == (3 if variant == "int2_int4" else 2)  # Triton's, then a Mosaic launch a pool
+
+
+@pytest.mark.parametrize("batch,windows,launches", [(32, 1024, 2), (31, 1024, 1), (32, 511, 1)])
+def test_the_default_tiling_takes_the_kernel_at_large_batches(batch, windows, launches):
+  """Traced for a GPU (not interpret mode), the default tiling's partials come from the Triton launch and a
+  Mosaic one where 128 (request, KV head) pairs meet an INT2 pool of 16k tokens a layer, else from the
+  Triton launch alone; "pallas:triton"'s tiling never takes the Mosaic kernel."""
+  import jax
+  import jax.numpy as jnp
+  from pallas_kernels import quantized_decode as qd
+  kh, g, h, window = 4, 7, mi.HEAD_DIM, mi.WINDOW
+  spec = jax.ShapeDtypeStruct
+
+  def pool(bits, w):
+    if bits == 16:
+      return qd.PoolArrays(spec((batch, kh, w * window, h), jnp.bfloat16), None, None, 16)
+    meta = spec((batch, kh, w, h), jnp.float16)
+    return qd.PoolArrays(spec((batch, kh, w * window, h * bits // 8), jnp.uint8), meta, meta, bits)
+
+  k_pools = v_pools = tuple(pool(bits, w) for bits, w in ((16, 64), (4, 128), (2, windows)))
+  rest = spec((batch, kh, 64, h), jnp.bfloat16)
+  pool_tokens = (64 * window, 128 * window, windows * window)
+
+  def sets(config):
+    def run(qg, k_pools, v_pools, rest_k, rest_v):
+      return qd._partial_softmax_sets(qg, k_pools, v_pools, jnp.zeros(3, jnp.int32), jnp.ones(3, jnp.int32),
+                                      rest_k, rest_v, jnp.ones(batch, jnp.int32), window_size=window,
+                                      pool_tokens=pool_tokens, config=config, interpret=False)
+    return len(jax.eval_shape(run, spec((batch, kh, g, h), jnp.float32), k_pools, v_pools, rest, rest))
+
+  assert sets(qd.DecodeConfig()) == launches
+  assert sets(qd.TRITON_ONLY) == 1
 
 
 def test_lagged_max_leaves_one_barrier_a_step():

@@ -149,6 +149,24 @@ def test_mosaic_split_count_weighs_waves(batch, steps):
     assert programs > slots // 2, (j, programs)
 
 
+def test_large_launches_take_the_mosaic_kernel():
+  """The default tiling puts the INT2 pool through the Mosaic kernel (its four-warpgroup variant) only where it
+  won on the H200: many (request, KV head) pairs and a long INT2 pool, not in interpret mode; an explicit
+  configuration is left as it is, and TRITON_ONLY never switches."""
+  default = qd.DecodeConfig()
+  big = qd.for_launch(default, 128, 1 << 15, interpret=False)
+  assert big.int2_mosaic and big.mosaic_min_pairs is None
+  assert big.mosaic_options == qd.MOSAIC_FOUR_WARPGROUPS.mosaic_options
+  assert big.mosaic_programs_per_multiprocessor == 4
+  assert dataclasses.replace(big, int2_mosaic=False, mosaic_min_pairs=128,
+                             **{k: getattr(default, k) for k in qd.LARGE_BATCH_MOSAIC}) == default
+  for pairs, tokens, interpret in ((127, 1 << 15, False), (128, (1 << 14) - 32, False), (128, 1 << 15, True)):
+    assert qd.for_launch(default, pairs, tokens, interpret=interpret) is default
+  assert qd.for_launch(qd.TRITON_ONLY, 1024, 1 << 17, interpret=False) is qd.TRITON_ONLY
+  assert qd.for_launch(qd.MOSAIC_LAGGED_MAX, 1024, 1 << 17, interpret=False) is qd.MOSAIC_LAGGED_MAX
+  assert default.int4_launch.mosaic_min_pairs is None  # the INT4 launch's own tiling never switches
+
+
 def test_registered_as_pallas_on_a_bf16_cache():
   """decode_attention(implementation="pallas") with the default tiling, on bf16 codes built by OR-ing
   into 128.0 (exact), so only the bf16 rounding of q s and p separates it from the float32 reference."""
@@ -267,6 +285,34 @@ def test_combine_sets_matches_combine_splits_of_the_concatenation():
   np.testing.assert_array_equal(np.asarray(qd._rows_first(heads_last)), np.asarray(o))
   got = qd.combine_sets([sets[0], (heads_last, *sets[1][1:])], group)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("triton_parts,mosaic_splits,group", [(3, 8, 7), (1, 2, 8), (5, 1, 1)])
+def test_combine_with_heads_last_kernel_matches_combine_sets(triton_parts, mosaic_splits, group):
+  """The one-launch merge of a Triton set (16 rows) and a Mosaic set (heads last) against `combine_sets`, on
+  fresh partials: a request with no window in the Mosaic set, and empty Triton parts."""
+  b, kh, h = 3, 2, 128
+  keys = iter(jax.random.split(jax.random.PRNGKey(triton_parts * 7 + mosaic_splits), 8))
+  o1 = jax.random.normal(next(keys), (b, kh, triton_parts, 16, h)) * 5
+  m1 = jax.random.normal(next(keys), (b, kh, triton_parts, 16)) * 4
+  l1 = jax.random.uniform(next(keys), (b, kh, triton_parts, 16), minval=0.5, maxval=3.0)
+  empty = jax.random.bernoulli(next(keys), 0.3, (b, kh, triton_parts, 1))
+  m1, l1, o1 = jnp.where(empty, qd._NEG, m1), jnp.where(empty, 0.0, l1), jnp.where(empty[..., None], 0.0, o1)
+  o2 = jax.random.normal(next(keys), (b, kh, mosaic_splits, h, 2, 8)) * 5
+  m2 = jax.random.normal(next(keys), (b, kh, 2 * mosaic_splits, 8)) * 4 + 3
+  l2 = jax.random.uniform(next(keys), (b, kh, 2 * mosaic_splits, 8), minval=0.5, maxval=3.0)
+  o2, m2, l2 = o2.at[1].set(0.0), m2.at[1].set(qd._NEG), l2.at[1].set(0.0)  # request 1: no Mosaic window
+  sets = [(o1, m1, l1), (o2, m2, l2)]
+  want = qd.combine_sets(sets, group)
+  got = jax.jit(lambda s, t: qd.combine_with_heads_last_kernel(s, t, group, interpret=True))(*sets)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_combine_with_heads_last_kernel_lowers_to_triton_for_cuda():
+  sets = [(jnp.zeros((32, 4, 3, 16, 128)), jnp.zeros((32, 4, 3, 16)), jnp.zeros((32, 4, 3, 16))),
+          (jnp.zeros((32, 4, 8, 128, 2, 8)), jnp.zeros((32, 4, 16, 8)), jnp.zeros((32, 4, 16, 8)))]
+  lowered = jax.jit(lambda s, t: qd.combine_with_heads_last_kernel(s, t, 7)).trace(*sets)
+  assert "wq_combine_with_mosaic" in lowered.lower(lowering_platforms=("cuda",)).as_text()
 
 
 def test_fused_combine_through_the_kernel():
