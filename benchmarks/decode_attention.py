@@ -419,9 +419,9 @@ VARIANTS = {
     # default (2026-12-04 05:18, batch 8 x 32k: 150 µs on the mix against the default's 158)
     "mosaic_int2": qd.DecodeConfig(int2_mosaic=True),
     "mosaic_int2_bias": qd.MOSAIC_BIAS_IN_KERNEL,  # and the key minimums' biases in the kernel
-    "mosaic_int2_keys": qd.MOSAIC_DEQUANTIZED_KEYS,  # and the keys dequantized in registers: no bias (untimed)
-    "mosaic_int2_lagged": qd.MOSAIC_LAGGED_MAX,  # and P against the maximum agreed so far (untimed)
-    "mosaic_int2_int4": qd.MOSAIC_INT2_INT4,  # that, and the INT4 pool in a Mosaic launch too (untimed)
+    "mosaic_int2_keys": qd.MOSAIC_DEQUANTIZED_KEYS,  # and the keys dequantized in registers: no bias
+    "mosaic_int2_lagged": qd.MOSAIC_LAGGED_MAX,  # and P against the maximum agreed so far (s23)
+    "mosaic_int2_int4": qd.MOSAIC_INT2_INT4,  # that, and the INT4 pool in a Mosaic launch too (s23)
     "mosaic_int2_wg4": qd.MOSAIC_FOUR_WARPGROUPS,  # four programs a CTA, keys dequantized, lagged max (s23)
     "mosaic_int2_int4_wg4": dataclasses.replace(qd.MOSAIC_FOUR_WARPGROUPS, int4_mosaic=True),  # INT4 too (s23)
     "mosaic_int2_wg4_merged": qd.MOSAIC_FOUR_WARPGROUPS_MERGED,  # the two sets merged in one launch (untimed)

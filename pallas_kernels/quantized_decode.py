@@ -160,7 +160,7 @@ class DecodeConfig:
   # at 32 x 100 (128 pairs, pool bound 32k tokens) 10.13 ms against 10.92 with the Triton kernel, and one
   # layer at 32k tokens 278 µs against 345 at batch 32, 544 against 646 at batch 60 (session 23,
   # `decode_throughput_*_s23_gpu.md`, `mosaic_int2_s23_h200.md`); at batch 8 the two tie (151 µs against
-  # 152 on the mix) and at 1 x 100 it loses the step (6.84 ms against 5.48: the XLA work around its launch).
+  # 152 on the mix) and at 1 x 100 it loses the step (6.84 ms against 5.48: kernels XLA adds there at batch 1).
   mosaic_min_pairs: int | None = 128
   mosaic_min_pool_tokens: int = 1 << 14
 
@@ -183,11 +183,12 @@ MOSAIC_LAGGED_MAX = DecodeConfig(
 # launch at batch 8 x 32k, 0.91 x at batch 60 (session 23, `mosaic_int4_s23_h200.md`).
 MOSAIC_INT2_INT4 = dataclasses.replace(MOSAIC_LAGGED_MAX, int4_mosaic=True)
 # Four programs a CTA of 512 threads (ptxas must fit 128 registers: 4 programs an SM), the keys dequantized
-# and the lagged maximum, without the deferred V wgmma ("pallas:mosaic_int2_wg4"; `_mosaic_int2_partials` rounds
-# the splits up to a multiple of 4). Session 22's wrong results (its warpgroups
-# shared Pallas' one reduction scratch) are fixed (`mosaic_int2._column_reduce`): the checks and 6-call race
-# runs passed on the H200 (session 23, `mosaic_int2_races_s23.json`), and at batch 32 x 32k it is the fastest
-# variant, 278 µs against Triton's 345 (`mosaic_int2_s23_h200.md`).
+# and the lagged maximum, without the deferred V wgmma (its second V and P buffers would take four
+# warpgroups' shared memory to ~242 KB, past the H200's 227) ("pallas:mosaic_int2_wg4"; `_mosaic_int2_partials`
+# rounds the splits up to a multiple of 4). Session 22's wrong results (its warpgroups shared Pallas' one
+# reduction scratch) are fixed (`mosaic_int2._column_reduce`): the checks and 6-call race runs passed on the
+# H200 (session 23, `mosaic_int2_races_s23.json`), and at batch 32 x 32k it is the fastest variant, 278 µs
+# against Triton's 345 (`mosaic_int2_s23_h200.md`).
 LARGE_BATCH_MOSAIC = dict(mosaic_programs_per_multiprocessor=4,
                           mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged"].items()))
 MOSAIC_FOUR_WARPGROUPS = DecodeConfig(int2_mosaic=True, **LARGE_BATCH_MOSAIC)
