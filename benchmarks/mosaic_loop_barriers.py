@@ -19,7 +19,8 @@ BARRIER = re.compile(r'"bar\.sync [^"]*"')
 
 
 def kernel_mlir(variant: str) -> str:
-  """The kernel's module as text, for 4 pairs x 512 tokens and 2 splits."""
+  """The kernel's module as text, for 4 pairs x 512 tokens and 2 splits (one a warpgroup where a CTA has
+  more)."""
   from jax.experimental.mosaic.gpu import core
   captured = []
   serde = core._run_serde_pass
@@ -33,7 +34,8 @@ def kernel_mlir(variant: str) -> str:
   metadata = jax.ShapeDtypeStruct((4, 512 // mi.WINDOW, mi.HEAD_DIM), jnp.float16)
   shapes = [jax.ShapeDtypeStruct((4, 7, mi.HEAD_DIM), jnp.float32), codes, metadata, metadata, codes, metadata,
             metadata]
-  fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=2, **options))
+  splits = max(2, options.get("warpgroups", 1))  # a split a warpgroup of a CTA; 8 steps keep >= 2 a split
+  fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, **options))
   core._run_serde_pass = capture
   try:
     fn.trace(*shapes).lower(lowering_platforms=("cuda",))

@@ -281,3 +281,4 @@ def test_lagged_max_leaves_one_barrier_a_step():
   from benchmarks import mosaic_loop_barriers as barriers
   assert barriers.loop_barriers(barriers.kernel_mlir("deferred_dequantized_keys_lagged")) == (1, 3)
   assert barriers.loop_barriers(barriers.kernel_mlir("deferred_values_first")) == (4, 0)
+  assert barriers.loop_barriers(barriers.kernel_mlir("values_first_wg4_keys_lagged")) == (1, 3)  # 4 a CTA
