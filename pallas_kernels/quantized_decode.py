@@ -949,6 +949,9 @@ def combine_kernel(o: Float[Array, "B K J Gp H"], m: Float[Array, "B K J Gp"], l
   return out.reshape(b, kh, group, h)
 
 
+_UNROLLED_MERGES = 16  # parts a merge loop of `combine_with_heads_last_kernel` takes unrolled
+
+
 def _combine_with_heads_last_body(to_ref, tm_ref, tl_ref, mo_ref, mm_ref, ml_ref, out_ref, *, triton_parts: int,
                                   mosaic_splits: int, group: int):
   """One (request, KV head): the Triton launch's parts (rows: its padded heads), then the Mosaic launch's
@@ -974,9 +977,15 @@ def _combine_with_heads_last_body(to_ref, tm_ref, tl_ref, mo_ref, mm_ref, ml_ref
       state = merge(state, mm_ref[r, cols], ml_ref[r, cols], mo_ref[r, :, cols].T)
     return state
 
+  def loop(n, body, state):  # unrolled where short: the parts' loads do not wait for each other's merge
+    if n <= _UNROLLED_MERGES:
+      for j in range(n):
+        state = body(j, state)
+      return state
+    return lax.fori_loop(0, n, body, state)
+
   m, l, (o,) = _fresh(rows, to_ref.shape[2], 1)
-  state = lax.fori_loop(0, triton_parts, triton_part, (m, l, o))
-  m, l, o = lax.fori_loop(0, mosaic_splits, mosaic_split, state)
+  m, l, o = loop(mosaic_splits, mosaic_split, loop(triton_parts, triton_part, (m, l, o)))
   out = o / jnp.where(l > 0, l, 1.0)[:, None]
   real = lax.broadcasted_iota(jnp.int32, out.shape, 0) < group
   plgpu.store(out_ref.at[pl.ds(bk * group, rows), :], out, mask=real)
@@ -1003,7 +1012,7 @@ def combine_with_heads_last_kernel(triton_set, mosaic_set, group: int, *, interp
       in_specs=[whole(x) for x in inputs],
       out_specs=pl.BlockSpec((pl.Element(n * group), pl.Element(h)), lambda i: (0, 0)),
       out_shape=jax.ShapeDtypeStruct((n * group, h), jnp.float32),
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      compiler_params=plgpu.CompilerParams(num_warps=8, num_stages=1),  # registers for the parts in flight
       interpret=interpret,
       name="wq_combine_with_mosaic",
   )(*inputs)

@@ -287,10 +287,11 @@ def test_combine_sets_matches_combine_splits_of_the_concatenation():
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("triton_parts,mosaic_splits,group", [(3, 8, 7), (1, 2, 8), (5, 1, 1)])
+@pytest.mark.parametrize("triton_parts,mosaic_splits,group", [(3, 8, 7), (1, 2, 8), (5, 1, 1), (3, 20, 7)])
 def test_combine_with_heads_last_kernel_matches_combine_sets(triton_parts, mosaic_splits, group):
   """The one-launch merge of a Triton set (16 rows) and a Mosaic set (heads last) against `combine_sets`, on
-  fresh partials: a request with no window in the Mosaic set, and empty Triton parts."""
+  fresh partials: a request with no window in the Mosaic set, and empty Triton parts; loops unrolled and
+  not (20 splits)."""
   b, kh, h = 3, 2, 128
   keys = iter(jax.random.split(jax.random.PRNGKey(triton_parts * 7 + mosaic_splits), 8))
   o1 = jax.random.normal(next(keys), (b, kh, triton_parts, 16, h)) * 5
