@@ -326,7 +326,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True,
                 defer_values_wgmma: bool = False, values_by_part: bool = False, keys_in_smem: bool = False,
                 bias_in_kernel: bool = False, dequantize_keys: bool = False, lagged_max: bool = False,
-                steps_per_block: int = 1, warpgroups: int = 1,
+                steps_per_block: int = 1, warpgroups: int = 1, grid_dependency_wait: bool = False,
                 max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
@@ -350,12 +350,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   split, a range's bound given as `max_windows`); `dequantize_keys`: k_bias is the key minimums [N, W, H],
   read a step beside the scales, and the keys are dequantized in registers as the values are (code x scale
   + minimum, one f16x2 fma): q^T goes to shared memory once, not scaled a step, and there is no bias at all
-  (no XLA pass, no per-step store and barrier for q; windows past a range's count masked by index; untimed);
+  (no XLA pass, no per-step store and barrier for q; windows past a range's count masked by index);
   `lagged_max`: a step's P is taken against the maximum agreed so far, not this step's (which lies across
   the 4 warps: Mosaic's reduction costs a store, two barriers and loads a step). Each warp votes whether any
   score exceeds that maximum by more than `LAG_MARGIN` (P <= 2^8 stays exact enough in f16) and writes its
   vote beside P before P's barrier; only where a vote is cast (uniform, read after the barrier) is the true
-  maximum reduced and P recomputed (the first step with a score always; untimed);
+  maximum reduced and P recomputed (the first step with a score always; 8-10 % faster, session 23);
   `steps_per_block`: 64-token steps a pipeline iteration
   (one TMA issue, barrier wait and slot computation for them all; with 2 and `defer_values_wgmma`, the V
   and P buffers' slots are static; untimed); `warpgroups`: programs (warpgroups) a CTA, each with its own
@@ -364,7 +364,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   programs, not 3; not with `defer_values_wgmma` (its second V buffer would not fit 4 times),
   `bias_in_kernel` or `keys_in_smem`. Wrong on the H200 in session 22: Pallas' cross-warp reductions all
   use one scratch buffer, which the CTA's warpgroups shared; its reductions now go through a scratch a
-  warpgroup (`_column_reduce`; untested on the device since).
+  warpgroup (`_column_reduce`; right on the H200 since, session 23). `grid_dependency_wait`: the kernel
+  waits for the grids before it (`griddepcontrol.wait`) before its first read of memory, which makes Mosaic
+  launch it with programmatic stream serialization (PDL): its CTAs may start, and set up their barriers and
+  buffers, while the kernel before it drains (untimed).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -426,6 +429,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
   def kernel(range_g, qt_g, qr_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_slots, p_slots,
              bias_s, vote_slots, bar, *group_scratch):
+    if grid_dependency_wait and interpret is None:  # nothing read before: the wait is all the ordering needed
+      plgpu.griddepcontrol_wait()
     pair, split = lax.axis_index("pair"), lax.axis_index("split")
     if groups > 1:  # this warpgroup's split and buffers
       wg = lax.axis_index("wg")
@@ -881,6 +886,9 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # with the keys dequantized and the lagged maximum: the fastest at batch 32, and the default's at large
     # batches (`quantized_decode.LARGE_BATCH_MOSAIC`; session 23)
     "values_first_wg4_keys_lagged": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True),
+    # that, launched under PDL (`grid_dependency_wait`; untimed)
+    "values_first_wg4_keys_lagged_pdl": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
+                                             lagged_max=True, grid_dependency_wait=True),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
 }

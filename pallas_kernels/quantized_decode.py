@@ -195,6 +195,12 @@ MOSAIC_FOUR_WARPGROUPS = DecodeConfig(int2_mosaic=True, **LARGE_BATCH_MOSAIC)
 # That, with the two launches' partials merged in one Pallas launch (`combine_with_heads_last_kernel`) where
 # XLA takes five or more small kernels a layer ("pallas:mosaic_int2_wg4_merged"; untimed).
 MOSAIC_FOUR_WARPGROUPS_MERGED = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS, fused_combine=True)
+# The four-warpgroup kernel launched under PDL (`grid_dependency_wait`): it may start while the kernel before it
+# drains, where XLA's `xla_gpu_enable_pdl` lets custom calls that ask for it ("pallas:mosaic_int2_wg4_pdl";
+# untimed).
+MOSAIC_FOUR_WARPGROUPS_PDL = DecodeConfig(
+    int2_mosaic=True, mosaic_programs_per_multiprocessor=4,
+    mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_pdl"].items()))
 # The Triton kernel for every pool, at every batch ("pallas:triton": the baseline the Mosaic benches compare to).
 TRITON_ONLY = DecodeConfig(mosaic_min_pairs=None)
 

@@ -14,6 +14,7 @@
                           launch at batch 60, session 23)
     "pallas:mosaic_int2_wg4"  keys dequantized, lagged maximum, four programs (warpgroups) a CTA
     "pallas:mosaic_int2_wg4_merged"  that, with the two launches' partials merged in one Pallas launch (untimed)
+    "pallas:mosaic_int2_wg4_pdl"  that kernel launched under PDL, where XLA allows it (untimed)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -63,3 +64,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_int2_int4", quantized_decode.MOSAIC_INT2_INT4)
   register_variant("pallas:mosaic_int2_wg4", quantized_decode.MOSAIC_FOUR_WARPGROUPS)
   register_variant("pallas:mosaic_int2_wg4_merged", quantized_decode.MOSAIC_FOUR_WARPGROUPS_MERGED)
+  register_variant("pallas:mosaic_int2_wg4_pdl", quantized_decode.MOSAIC_FOUR_WARPGROUPS_PDL)

@@ -151,9 +151,12 @@ def test_splits_and_window_parities_merge(interpret):
                                           lagged_max=True),
                                      dict(bits=4), dict(bits=4, keys_in_smem=True, values_by_part=True),
                                      dict(bits=4, ranged=True, dequantize_keys=True, lagged_max=True,
-                                          defer_values_wgmma=True, overlap_values=False)])
+                                          defer_values_wgmma=True, overlap_values=False),
+                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
+                                          lagged_max=True, grid_dependency_wait=True)])
 def test_lowers_for_cuda(options):
-  """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine)."""
+  """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
+  the kernel asks to be launched under PDL."""
   import jax
   options = dict(options)  # the parameter itself stays as given
   shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in random_case(0, 4, 512, 7, options.pop("bits", 2))]
@@ -165,6 +168,7 @@ def test_lowers_for_cuda(options):
     lower = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, **options))
   text = lower.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
+  assert ("uses_pdl" in text) == options.get("grid_dependency_wait", False)
 
 
 @pytest.mark.parametrize("magic_exponents,bits", [(False, 2), (True, 2), (False, 4)])
@@ -191,7 +195,7 @@ def test_bad_shapes_are_refused():
 
 
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
-                                     "int2_int4", "merged"])
+                                     "int2_int4", "merged", "pdl"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -223,7 +227,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   config = dict(default=qd.DecodeConfig(int2_mosaic=True), bias_in_kernel=qd.MOSAIC_BIAS_IN_KERNEL,
                 four_warpgroups=qd.MOSAIC_FOUR_WARPGROUPS, dequantize_keys=qd.MOSAIC_DEQUANTIZED_KEYS,
                 lagged_max=qd.MOSAIC_LAGGED_MAX, int2_int4=qd.MOSAIC_INT2_INT4,
-                merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED)[variant]
+                merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED, pdl=qd.MOSAIC_FOUR_WARPGROUPS_PDL)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
