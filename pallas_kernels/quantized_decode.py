@@ -198,9 +198,8 @@ MOSAIC_FOUR_WARPGROUPS_MERGED = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS, fuse
 # The four-warpgroup kernel launched under PDL (`grid_dependency_wait`): it may start while the kernel before it
 # drains, where XLA's `xla_gpu_enable_pdl` lets custom calls that ask for it ("pallas:mosaic_int2_wg4_pdl";
 # untimed).
-MOSAIC_FOUR_WARPGROUPS_PDL = DecodeConfig(
-    int2_mosaic=True, mosaic_programs_per_multiprocessor=4,
-    mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_pdl"].items()))
+MOSAIC_FOUR_WARPGROUPS_PDL = dataclasses.replace(
+    MOSAIC_FOUR_WARPGROUPS, mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_pdl"].items()))
 # The Triton kernel for every pool, at every batch ("pallas:triton": the baseline the Mosaic benches compare to).
 TRITON_ONLY = DecodeConfig(mosaic_min_pairs=None)
 
