@@ -585,8 +585,11 @@ def parse_args(argv=None):
   args.methods = sorted(dict.fromkeys(args.methods), key=lambda m: m != "fp16")
   if args.steps < 2:
     parser.error("--steps must be at least 2 (the first token comes from the prefill)")
+  from pallas_kernels import registration  # noqa: F401 (registers the kernel's own names)
+  from wq_jax import attention
   for name in args.attention:
-    if name.startswith("pallas:"):
+    # `pallas_kernels.registration` names some itself ("pallas:triton", the Mosaic configurations).
+    if name.startswith("pallas:") and name not in attention.implementations():
       register_kernel_variant(name, parser)
   return args
 

@@ -161,6 +161,7 @@ class DecodeConfig:
   # layer at 32k tokens 278 µs against 345 at batch 32, 544 against 646 at batch 60 (session 23,
   # `decode_throughput_*_s23_gpu.md`, `mosaic_int2_s23_h200.md`); at batch 8 the two tie (151 µs against
   # 152 on the mix) and at 1 x 100 it loses the step (6.84 ms against 5.48: kernels XLA adds there at batch 1).
+  # Session 24: with the merged combine `LARGE_BATCH_MOSAIC` now takes, 9.98 ms at 32 x 100.
   mosaic_min_pairs: int | None = 128
   mosaic_min_pool_tokens: int = 1 << 14
 
@@ -185,15 +186,19 @@ MOSAIC_INT2_INT4 = dataclasses.replace(MOSAIC_LAGGED_MAX, int4_mosaic=True)
 # Four programs a CTA of 512 threads (ptxas must fit 128 registers: 4 programs an SM), the keys dequantized
 # and the lagged maximum, without the deferred V wgmma (its second V and P buffers would take four
 # warpgroups' shared memory to ~242 KB, past the H200's 227) ("pallas:mosaic_int2_wg4"; `_mosaic_int2_partials`
-# rounds the splits up to a multiple of 4). Session 22's wrong results (its warpgroups shared Pallas' one
-# reduction scratch) are fixed (`mosaic_int2._column_reduce`): the checks and 6-call race runs passed on the
-# H200 (session 23, `mosaic_int2_races_s23.json`), and at batch 32 x 32k it is the fastest variant, 278 µs
-# against Triton's 345 (`mosaic_int2_s23_h200.md`).
-LARGE_BATCH_MOSAIC = dict(mosaic_programs_per_multiprocessor=4,
-                          mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged"].items()))
-MOSAIC_FOUR_WARPGROUPS = DecodeConfig(int2_mosaic=True, **LARGE_BATCH_MOSAIC)
-# That, with the two launches' partials merged in one Pallas launch (`combine_with_heads_last_kernel`) where
-# XLA takes five or more small kernels a layer ("pallas:mosaic_int2_wg4_merged"; untimed).
+# rounds the splits up to a multiple of 4), its partials and the Triton launch's merged by XLA. Session 22's
+# wrong results (its warpgroups shared Pallas' one reduction scratch) are fixed (`mosaic_int2._column_reduce`):
+# the checks and 6-call race runs passed on the H200 (session 23, `mosaic_int2_races_s23.json`), and at batch
+# 32 x 32k it is the fastest variant, 278 µs against Triton's 345 (`mosaic_int2_s23_h200.md`).
+MOSAIC_FOUR_WARPGROUPS = DecodeConfig(
+    int2_mosaic=True, mosaic_programs_per_multiprocessor=4,
+    mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged"].items()))
+# What the default runs for large launches (`for_launch`): that kernel, with the two launches' partials merged
+# in one Pallas launch (`combine_with_heads_last_kernel`) where XLA takes five or more small kernels a layer
+# ("pallas:mosaic_int2_wg4_merged"). The 7B step at 32 x 100: 9.98 ms against 10.09 with XLA's merge, 9.92
+# against 10.09 under PDL options (session 24, `decode_throughput_*_s24_gpu.md`, same run).
+LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_FOUR_WARPGROUPS, k)
+                      for k in ("mosaic_programs_per_multiprocessor", "mosaic_options")} | dict(fused_combine=True)
 MOSAIC_FOUR_WARPGROUPS_MERGED = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS, fused_combine=True)
 # The four-warpgroup kernel launched under PDL (`grid_dependency_wait`): it may start while the kernel before it
 # drains, where XLA's `xla_gpu_enable_pdl` lets custom calls that ask for it ("pallas:mosaic_int2_wg4_pdl";
