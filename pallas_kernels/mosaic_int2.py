@@ -327,7 +327,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 defer_values_wgmma: bool = False, values_by_part: bool = False, keys_in_smem: bool = False,
                 bias_in_kernel: bool = False, dequantize_keys: bool = False, lagged_max: bool = False,
                 steps_per_block: int = 1, warpgroups: int = 1, grid_dependency_wait: bool = False,
-                max_windows: int | None = None, range_params=None):
+                values_scaled_after: bool = False, max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -367,7 +367,13 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   warpgroup (`_column_reduce`; right on the H200 since, session 23). `grid_dependency_wait`: the kernel
   waits for the grids before it (`griddepcontrol.wait`) before its first read of memory, which makes Mosaic
   launch it with programmatic stream serialization (PDL): its CTAs may start, and set up their barriers and
-  buffers, while the kernel before it drains (untimed).
+  buffers, while the kernel before it drains (untimed). `values_scaled_after`: the values' codes go to the V
+  wgmma as they are (no scale, minimum or their loads a code), and the step's product is scaled after it:
+  within a step, column c of P weighs only window c // 8's tokens, so O^T[h, c] += s[w, h] (C^T P)[h, c] +
+  m[w, h] sum_t P[t, c], with w = c // 8; the column sums come from a second wgmma of P against ones in
+  shared memory (16 KB a CTA), already in O^T's layout. 16 x 2 f32 FMAs and a few loads a thread a step
+  replace 32 f16x2 FMAs and their 32 loads of scales and minimums (untimed; not with `defer_values_wgmma`,
+  which accumulates O^T in place).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -388,6 +394,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError(f"keys' codes {k_codes.shape} and values' {v_codes.shape} differ")
   if not ranged and tokens % (STEP * spb * splits):
     raise ValueError(f"codes {k_codes.shape}: need T a multiple of {STEP} x steps_per_block x splits")
+  if values_scaled_after and defer_values_wgmma:
+    raise ValueError("values_scaled_after scales each step's product: not with defer_values_wgmma")
   if magic_exponents and bits != 2:
     raise ValueError("magic_exponents are INT2's")
   if dequantize_keys and (bias_in_kernel or keys_in_smem or magic_exponents):
@@ -486,6 +494,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     if dequantize_keys and groups == 1:  # q^T once: the keys carry their own scales (bq_s has it otherwise)
       bq_s[...] = q
       plgpu.commit_smem()
+    ones_s = group_scratch[-1] if values_scaled_after else None
+    if values_scaled_after:  # every warpgroup writes the same ones: each reads them after its own barrier
+      for part in range(parts):
+        ones_s[:, pl.ds(width * part, width)] = plgpu.layout_cast(jnp.ones((STEP, width), jnp.float16),
+                                                                  layout.WGMMA)
+      plgpu.commit_smem()
 
     col = plgpu.broadcasted_iota(jnp.int32, (HEAD_DIM, COLUMNS), 1, layout=layout.WGMMA)
     row = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 0, layout=layout.WGMMA)
@@ -514,10 +528,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     if bias_in_kernel:
       pl.run_scoped(window_biases, smem((STEP, HEAD_DIM), jnp.float16, 32), smem((HEAD_DIM, COLUMNS), jnp.float16, 32))
 
-    def per_column(ref):  # [2, H] -> [H, 16]: column c takes window c // 8's row
-      rows = [lax.broadcast_in_dim(plgpu.load(ref.at[w], layout=layout.WGMMA.reduce(1)).astype(jnp.float32),
-                                   (HEAD_DIM, COLUMNS), [0]) for w in range(2)]
+    def per_column(ref, factor=None):  # [2, H] -> [H, 16]: column c takes window c // 8's row (times factor [H])
+      loaded = [plgpu.load(ref.at[w], layout=layout.WGMMA.reduce(1)).astype(jnp.float32) for w in range(2)]
+      rows = [lax.broadcast_in_dim(x if factor is None else x * factor, (HEAD_DIM, COLUMNS), [0]) for x in loaded]
       return jnp.where(col < 8, rows[0], rows[1])
+
+    if values_scaled_after:  # channel h's codes come unpacked as levels^p c (part p = h // width), or c (`magic`)
+      channel = plgpu.broadcasted_iota(jnp.int32, (HEAD_DIM,), 0, layout=layout.WGMMA.reduce(1))
+      code_factor = jnp.exp2((-bits * (channel // width)).astype(jnp.float32)) if not magic else None
 
     def per_token(ref, part):  # [2, H] -> [64, width]: token t takes window t // 32's channels of the part
       rows = [lax.broadcast_in_dim(plgpu.load(ref.at[w, pl.ds(width * part, width)],
@@ -544,6 +562,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return [plain_dequantized(codes, ks_s, km_s, part) for part in range(parts)]
 
     def dequantize_values(vc_s, vs_s, vm_s, v_s):  # into v_s [64 tokens, 128 channels] f16
+      if values_scaled_after:  # the codes alone: scaled after the V wgmma
+        for part, value in enumerate(unpacked_keys(vc_s)):
+          v_s[:, pl.ds(width * part, width)] = value
+        return
       if fast:
         codes = plgpu.load(vc_s, layout=layout.WGMMA)
         unpack = functools.partial(_unpacked_parts, codes, vs_s, vm_s, ptx_fma=ptx_fma, magic_exponents=magic,
@@ -634,7 +656,18 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         plgpu.wgmma(o_acc, v_s.transpose((1, 0)), p_s)
         plgpu.wgmma_wait(0)
         return o_acc[...]
-      acc = acc + pl.run_scoped(attend, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
+
+      def attend_codes(o_acc, sum_acc):  # `values_scaled_after`: (C^T P, every row the column sums of P)
+        plgpu.wgmma(o_acc, v_s.transpose((1, 0)), p_s)
+        plgpu.wgmma(sum_acc, ones_s.transpose((1, 0)), p_s)
+        plgpu.wgmma_wait(0)
+        return o_acc[...], sum_acc[...]
+      if values_scaled_after:
+        product, sums = pl.run_scoped(attend_codes, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32),
+                                      plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
+        acc = acc + product * per_column(vs_s, code_factor) + sums * per_column(vm_s)
+      else:
+        acc = acc + pl.run_scoped(attend, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
       return acc, m_new, l_rows
 
     def lagged_softmax(s, m_run, p_s, votes):
@@ -758,6 +791,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 plgpu.Barrier(num_arrivals=6, num_barriers=groups * stages),
                 smem((groups, REDUCTION_SCRATCH), jnp.float32)]
     threads = dict(num_threads=groups, thread_name="wg")
+  if values_scaled_after:  # ones for the column sums of P, one buffer a CTA (the last scratch)
+    scratch.append(smem((STEP, HEAD_DIM), jnp.float16, 32))
   call = plgpu.kernel(
       kernel,
       out_type=(jax.ShapeDtypeStruct((n, splits, HEAD_DIM, COLUMNS), jnp.float32),
@@ -889,6 +924,13 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # that, launched under PDL (`grid_dependency_wait`; untimed)
     "values_first_wg4_keys_lagged_pdl": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
                                              lagged_max=True, grid_dependency_wait=True),
+    # the values' codes through the V wgmma as they are, the step's product scaled after it (untimed)
+    "values_first_wg4_keys_lagged_after": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
+                                               lagged_max=True, values_scaled_after=True),
+    "values_first_wg4_lagged_after": dict(overlap_values=False, warpgroups=4, lagged_max=True,
+                                          values_scaled_after=True),
+    "dequantized_keys_lagged_after": dict(overlap_values=False, dequantize_keys=True, lagged_max=True,
+                                          values_scaled_after=True),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
 }

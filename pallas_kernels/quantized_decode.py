@@ -205,6 +205,11 @@ MOSAIC_FOUR_WARPGROUPS_MERGED = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS, fuse
 # untimed).
 MOSAIC_FOUR_WARPGROUPS_PDL = dataclasses.replace(
     MOSAIC_FOUR_WARPGROUPS, mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_pdl"].items()))
+# The large-batch configuration with the values' codes through the V wgmma as they are and each step's product
+# scaled after it (`values_scaled_after`; "pallas:mosaic_int2_wg4_after"; untimed).
+MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER = dataclasses.replace(
+    MOSAIC_FOUR_WARPGROUPS_MERGED,
+    mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_after"].items()))
 # The Triton kernel for every pool, at every batch ("pallas:triton": the baseline the Mosaic benches compare to).
 TRITON_ONLY = DecodeConfig(mosaic_min_pairs=None)
 
