@@ -161,7 +161,9 @@ class DecodeConfig:
   # layer at 32k tokens 278 µs against 345 at batch 32, 544 against 646 at batch 60 (session 23,
   # `decode_throughput_*_s23_gpu.md`, `mosaic_int2_s23_h200.md`); at batch 8 the two tie (151 µs against
   # 152 on the mix) and at 1 x 100 it loses the step (6.84 ms against 5.48: kernels XLA adds there at batch 1).
-  # Session 24: with the merged combine `LARGE_BATCH_MOSAIC` now takes, 9.98 ms at 32 x 100.
+  # Session 24: with the merged combine `LARGE_BATCH_MOSAIC` now takes, 9.98 ms at 32 x 100 (timed as
+  # "pallas:mosaic_int2_wg4_merged"; until `quantized_decode` took the combine from the launch's config, the
+  # default's large launches kept XLA's merge: 10.09 ms in the same run).
   mosaic_min_pairs: int | None = 128
   mosaic_min_pool_tokens: int = 1 << 14
 
@@ -658,9 +660,10 @@ def quantized_decode(
   `rest_layer`, rest_k and rest_v are every layer's and the kernel reads
   layer `rest_layer`'s rows in place.
   """
-  sets = _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
-                               window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
-                               config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
+  # `config` as this launch takes it (`for_launch`): a large one merges its sets as `LARGE_BATCH_MOSAIC` says.
+  sets, config = _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+                                       window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
+                                       config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
   if len(sets) == 2 and config.fused_combine and sets[1][0].ndim == 6:  # Triton's and one Mosaic launch's
     return combine_with_heads_last_kernel(*sets, qg.shape[2], interpret=interpret)
   if len(sets) > 1 and not config.fused_combine:
@@ -683,7 +686,7 @@ def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, res
   return _concatenated(_partial_softmax_sets(
       qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window_size,
       tokens_hint=tokens_hint, pool_tokens=pool_tokens, config=config, q_scale=q_scale, rest_layer=rest_layer,
-      interpret=interpret))
+      interpret=interpret)[0])
 
 
 def _concatenated(sets):
@@ -711,9 +714,11 @@ def _rows_first(o):
 def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, *, window_size: int,
                           tokens_hint: int | None = None, pool_tokens: tuple[int, ...] | None = None,
                           config: DecodeConfig = DecodeConfig(), q_scale: float = 1.0, rest_layer=None,
-                          interpret: bool = False) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
+                          interpret: bool = False) -> tuple[list[tuple[jax.Array, jax.Array, jax.Array]],
+                                                             DecodeConfig]:
   """`partial_softmaxes` as a list of sets: the Triton launches' (one set, Gp rows), then the Mosaic
-  launch's where it serves a pool (its own 8 rows, o heads last: see `_rows_first`)."""
+  launch's where it serves a pool (its own 8 rows, o heads last: see `_rows_first`); and `config` as this
+  launch took it (`for_launch`)."""
   b, kh, g, h = qg.shape
   gp = max(16, 1 << (g - 1).bit_length())
   present = [i for i, kp in enumerate(k_pools) if kp is not None and kp.data.shape[2] > 0]
@@ -738,14 +743,14 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
                               interpret=interpret),
             *[_mosaic_int2_partials(qg, k_pools[i], v_pools[i], offsets[i], counts[i],
                                     windows=pool_tokens[i] // window_size, config=config, q_scale=q_scale,
-                                    interpret=interpret) for i in mosaic]]
+                                    interpret=interpret) for i in mosaic]], config
   int4 = [i for i in present if k_pools[i].bits == 4]
   if int4 and int4_launch_pays(config, b * kh * sum(pool_tokens[i] for i in int4)):
     others = [i for i in present if i not in int4]
     parts = [launch(others, True, tokens_hint - sum(pool_tokens[i] for i in int4), config),
              launch(int4, False, sum(pool_tokens[i] for i in int4), config.int4_launch)]
-    return [tuple(jnp.concatenate(x, axis=2) for x in zip(*parts))]
-  return [launch(present, True, tokens_hint, config)]
+    return [tuple(jnp.concatenate(x, axis=2) for x in zip(*parts))], config
+  return [launch(present, True, tokens_hint, config)], config
 
 
 def for_launch(config: DecodeConfig, pairs: int, int2_tokens: int, *, interpret: bool) -> DecodeConfig:

@@ -249,7 +249,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   np.testing.assert_allclose(np.asarray(qd.combine_splits(o, m, l)[:, :, :g]), np.asarray(out), atol=1e-5, rtol=0)
   sets = qd._partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                                   window_size=window, tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens,
-                                  q_scale=h ** -0.5, config=config, interpret=interpret is not None)
+                                  q_scale=h ** -0.5, config=config, interpret=interpret is not None)[0]
   assert len(sets) == (3 if variant == "int2_int4" else 2)  # Triton's, then a Mosaic launch a pool
 
 
@@ -257,7 +257,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
 def test_the_default_tiling_takes_the_kernel_at_large_batches(batch, windows, launches):
   """Traced for a GPU (not interpret mode), the default tiling's partials come from the Triton launch and a
   Mosaic one where 128 (request, KV head) pairs meet an INT2 pool of 16k tokens a layer, else from the
-  Triton launch alone; "pallas:triton"'s tiling never takes the Mosaic kernel."""
+  Triton launch alone; "pallas:triton"'s tiling never takes the Mosaic kernel. Where it takes it, the two
+  sets are merged in one Pallas launch (`LARGE_BATCH_MOSAIC`'s fused combine), else by XLA."""
   import jax
   import jax.numpy as jnp
   from pallas_kernels import quantized_decode as qd
@@ -278,11 +279,17 @@ def test_the_default_tiling_takes_the_kernel_at_large_batches(batch, windows, la
     def run(qg, k_pools, v_pools, rest_k, rest_v):
       return qd._partial_softmax_sets(qg, k_pools, v_pools, jnp.zeros(3, jnp.int32), jnp.ones(3, jnp.int32),
                                       rest_k, rest_v, jnp.ones(batch, jnp.int32), window_size=window,
-                                      pool_tokens=pool_tokens, config=config, interpret=False)
+                                      pool_tokens=pool_tokens, config=config, interpret=False)[0]
     return len(jax.eval_shape(run, spec((batch, kh, g, h), jnp.float32), k_pools, v_pools, rest, rest))
 
   assert sets(qd.DecodeConfig()) == launches
   assert sets(qd.TRITON_ONLY) == 1
+
+  def attend(qg, k_pools, v_pools, rest_k, rest_v):
+    return qd.quantized_decode(qg, k_pools, v_pools, jnp.zeros(3, jnp.int32), jnp.ones(3, jnp.int32), rest_k,
+                               rest_v, jnp.ones(batch, jnp.int32), window_size=window, pool_tokens=pool_tokens)
+  jaxpr = str(jax.make_jaxpr(attend)(spec((batch, kh, g, h), jnp.float32), k_pools, v_pools, rest, rest))
+  assert ("wq_combine_with_mosaic" in jaxpr) == (launches == 2)
 
 
 def test_lagged_max_leaves_one_barrier_a_step():
