@@ -327,7 +327,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 defer_values_wgmma: bool = False, values_by_part: bool = False, keys_in_smem: bool = False,
                 bias_in_kernel: bool = False, dequantize_keys: bool = False, lagged_max: bool = False,
                 steps_per_block: int = 1, warpgroups: int = 1, grid_dependency_wait: bool = False,
-                values_scaled_after: bool = False, max_windows: int | None = None, range_params=None):
+                values_scaled_after: bool = False, in_place_values: bool = False, max_windows: int | None = None,
+                range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -373,7 +374,13 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   m[w, h] sum_t P[t, c], with w = c // 8; the column sums come from a second wgmma of P against ones in
   shared memory (16 KB a CTA), already in O^T's layout. 16 x 2 f32 FMAs and a few loads a thread a step
   replace 32 f16x2 FMAs and their 32 loads of scales and minimums (untimed; not with `defer_values_wgmma`,
-  which accumulates O^T in place).
+  which accumulates O^T in place). `in_place_values`: O^T accumulates in place in a wgmma accumulator, with
+  one V and one P buffer: a step's V wgmma is waited for at the start of the next step, before they are
+  rewritten, and with `lagged_max` the accumulator is rescaled only where the maximum moves (the vote's
+  branch): no fresh accumulator, no add of it and no wait on the V wgmma in a step (untimed; like
+  `defer_values_wgmma`, not in the interpret mode, which cannot store to an accumulator). With
+  `dequantize_keys`, `magic_exponents` puts each part's bits under its own exponent for keys and values alike:
+  the scales need no 4^-p (12 f16x2 multiplies a tensor and step fewer; untimed).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -398,8 +405,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError("values_scaled_after scales each step's product: not with defer_values_wgmma")
   if magic_exponents and bits != 2:
     raise ValueError("magic_exponents are INT2's")
-  if dequantize_keys and (bias_in_kernel or keys_in_smem or magic_exponents):
-    raise ValueError("dequantize_keys adds no bias: not with bias_in_kernel, keys_in_smem or magic_exponents")
+  if dequantize_keys and (bias_in_kernel or keys_in_smem):
+    raise ValueError("dequantize_keys adds no bias: not with bias_in_kernel or keys_in_smem")
+  if in_place_values and (defer_values_wgmma or values_scaled_after):
+    raise ValueError("in_place_values: one V buffer, not with defer_values_wgmma or values_scaled_after")
   if bias_in_kernel:
     if k_bias.shape[2] != HEAD_DIM or (ranged and max_windows is None):
       raise ValueError(f"bias_in_kernel takes the key minimums [N, windows, {HEAD_DIM}] (and a range's "
@@ -424,6 +433,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   magic = fast and magic_exponents
   defer = defer_values_wgmma and interpret is None
   slots = 2 if defer else 1
+  in_place = defer or (in_place_values and interpret is None)  # O^T in a wgmma accumulator across steps
+  rescale_on_vote = in_place and in_place_values and lagged_max  # alpha is 1 wherever no warp votes
   qt = query_operands(q, part_scaled=not (magic or dequantize_keys), bits=bits)
   q_raw = query_operands(q, part_scaled=False) if bias_in_kernel else qt  # q^T for the minimums' products
 
@@ -557,7 +568,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
     def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
       if fast:
-        return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma, bits=bits)
+        return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma,
+                               magic_exponents=magic, bits=bits)
       codes = plgpu.load(kc_s, layout=layout.WGMMA_UPCAST_2X)
       return [plain_dequantized(codes, ks_s, km_s, part) for part in range(parts)]
 
@@ -593,9 +605,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return carry
 
     def step(index, i, kc_s, ks_s, kb_s, vc_s, vs_s, vm_s, carry):  # index: traced; i: within the block
-      acc, m_run, l_rows = carry  # acc: None where O^T accumulates in place (`defer`)
+      acc, m_run, l_rows = carry  # acc: None where O^T accumulates in place (`defer`, `in_place_values`)
       slot = (i % slots if spb % slots == 0 else lax.rem(index, slots)) if defer else 0
       v_s, p_s = v_slots.at[slot], p_slots.at[slot]
+      if in_place and not defer:  # the previous step's V wgmma has read v_s and p_s before they are rewritten
+        plgpu.wgmma_wait(0)
       if not dequantize_keys:  # q^T times the step's key scales
         if fast:
           bq_s[...] = _scaled_query(q, ks_s)
@@ -641,14 +655,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       alpha = jnp.exp2(m_run - m_new)
       # Row sums are kept a thread's rows apart and reduced once at the end: no exchange between warps.
       l_rows = l_rows * lax.broadcast_in_dim(alpha, s.shape, [1]) + p
-      if defer:
+      if in_place and not rescale_on_vote:
         o_acc[...] = o_acc[...] * lax.broadcast_in_dim(alpha, (HEAD_DIM, COLUMNS), [1])
-      else:
+      elif not in_place:
         acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
       if not lagged_max:
         p_s[...] = p.astype(jnp.float16)
         plgpu.commit_smem()
-      if defer:  # waited for in the next step (or after the loop)
+      if in_place:  # waited for in the next step (or after the loop)
         plgpu.wgmma(o_acc, v_s.transpose((1, 0)), p_s)
         return acc, m_new, l_rows
 
@@ -686,6 +700,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
       def reduce_and_redo():
         m_new = jnp.maximum(m_run, column_max(s))
+        if rescale_on_vote:  # the accumulator's last wgmma was waited for at the step's start
+          o_acc[...] = o_acc[...] * lax.broadcast_in_dim(jnp.exp2(m_run - m_new), (HEAD_DIM, COLUMNS), [1])
         p_new = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
         p_s[...] = p_new.astype(jnp.float16)
         plgpu.commit_smem()
@@ -695,7 +711,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     def run_loop(accumulator=None):  # accumulator: O^T's wgmma accumulator where it accumulates in place
       nonlocal o_acc
       o_acc = accumulator
-      init = (None if defer else plgpu.layout_cast(jnp.zeros((HEAD_DIM, COLUMNS), jnp.float32), layout.WGMMA),
+      init = (None if in_place else plgpu.layout_cast(jnp.zeros((HEAD_DIM, COLUMNS), jnp.float32), layout.WGMMA),
               plgpu.layout_cast(jnp.full((COLUMNS,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
               plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
       if ranged:  # element offsets: the range may start at an odd window; a dynamic trip count
@@ -721,7 +737,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         pipeline = plgpu.emit_pipeline(block, grid=(my_blocks,), max_concurrent_steps=stages, init_carry=init,
                                        in_specs=specs)
         acc, m_run, l_rows = pipeline(*(x.at[pair] for x in inputs))
-      if defer:
+      if in_place:
         plgpu.wgmma_wait(0)
         acc = o_acc[...]
       return acc, m_run, l_rows
@@ -752,7 +768,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return lax.fori_loop(0, my_blocks, body, init)
 
     o_acc = None
-    if defer:
+    if in_place:
       acc, m_run, l_rows = pl.run_scoped(run_loop, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
     else:
       acc, m_run, l_rows = run_loop()
@@ -931,6 +947,16 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                           values_scaled_after=True),
     "dequantized_keys_lagged_after": dict(overlap_values=False, dequantize_keys=True, lagged_max=True,
                                           values_scaled_after=True),
+    # O^T accumulated in place, rescaled only on a vote, the V wgmma waited for in the next step; and/or magic
+    # exponents (no 4^-p on the scales) (untimed)
+    "values_first_wg4_keys_lagged_in_place": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
+                                                  lagged_max=True, in_place_values=True),
+    "values_first_wg4_keys_lagged_magic": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
+                                               lagged_max=True, magic_exponents=True),
+    "values_first_wg4_keys_lagged_in_place_magic": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
+                                                        lagged_max=True, in_place_values=True, magic_exponents=True),
+    "deferred_dequantized_keys_lagged_magic": dict(defer_values_wgmma=True, overlap_values=False,
+                                                   dequantize_keys=True, lagged_max=True, magic_exponents=True),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
 }

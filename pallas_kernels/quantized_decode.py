@@ -208,10 +208,18 @@ MOSAIC_FOUR_WARPGROUPS_MERGED = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS, fuse
 MOSAIC_FOUR_WARPGROUPS_PDL = dataclasses.replace(
     MOSAIC_FOUR_WARPGROUPS, mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_pdl"].items()))
 # The large-batch configuration with the values' codes through the V wgmma as they are and each step's product
-# scaled after it (`values_scaled_after`; "pallas:mosaic_int2_wg4_after"; untimed).
+# scaled after it (`values_scaled_after`; "pallas:mosaic_int2_wg4_after"): its kernel 347 µs against 277 at batch
+# 32 x 32k, 670 against 541 at 60 (session 24, `mosaic_int2_s24_h200.md`), and the 7B step at 32 x 100 11.18 ms
+# against the default's 10.02 (`decode_throughput_*_after_s24_gpu.md`, same run).
 MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER = dataclasses.replace(
     MOSAIC_FOUR_WARPGROUPS_MERGED,
     mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_after"].items()))
+# The large-batch configuration with O^T accumulated in place (rescaled only where the maximum moves; the V
+# wgmma waited for in the next step) and magic exponents (no 4^-p on the scales)
+# ("pallas:mosaic_int2_wg4_in_place"; untimed).
+MOSAIC_FOUR_WARPGROUPS_IN_PLACE = dataclasses.replace(
+    MOSAIC_FOUR_WARPGROUPS_MERGED,
+    mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_in_place_magic"].items()))
 # The Triton kernel for every pool, at every batch ("pallas:triton": the baseline the Mosaic benches compare to).
 TRITON_ONLY = DecodeConfig(mosaic_min_pairs=None)
 

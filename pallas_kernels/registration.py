@@ -16,7 +16,8 @@
     "pallas:mosaic_int2_wg4_merged"  that, with the two launches' partials merged in one Pallas launch (untimed)
     "pallas:mosaic_int2_wg4_pdl"  that kernel launched under PDL, where XLA allows it (untimed)
     "pallas:mosaic_int2_wg4_after"  the merged one, the values' codes through the V wgmma as they are, each
-                                    step's product scaled after it (untimed)
+                                    step's product scaled after it (slower, session 24)
+    "pallas:mosaic_int2_wg4_in_place"  the merged one, O^T accumulated in place and magic exponents (untimed)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -68,3 +69,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_int2_wg4_merged", quantized_decode.MOSAIC_FOUR_WARPGROUPS_MERGED)
   register_variant("pallas:mosaic_int2_wg4_pdl", quantized_decode.MOSAIC_FOUR_WARPGROUPS_PDL)
   register_variant("pallas:mosaic_int2_wg4_after", quantized_decode.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER)
+  register_variant("pallas:mosaic_int2_wg4_in_place", quantized_decode.MOSAIC_FOUR_WARPGROUPS_IN_PLACE)

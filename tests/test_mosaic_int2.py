@@ -48,7 +48,7 @@ def test_matches_dequantize_then_attend(interpret, seed, pairs, tokens, groups, 
 
 @pytest.mark.parametrize("option,value", [("overlap_values", False), ("keys_in_smem", True), ("bias_in_kernel", True),
                                           ("steps_per_block", 2), ("dequantize_keys", True), ("lagged_max", True),
-                                          ("values_scaled_after", True)])
+                                          ("values_scaled_after", True), ("in_place_values", True)])
 @pytest.mark.parametrize("bits", [2, 4])
 def test_orderings_match(interpret, option, value, bits):
   """The values dequantized before the score wgmma, the keys through shared memory, the minimums' biases
@@ -158,7 +158,11 @@ def test_splits_and_window_parities_merge(interpret):
                                           lagged_max=True, grid_dependency_wait=True),
                                      dict(values_scaled_after=True), dict(bits=4, values_scaled_after=True),
                                      dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
-                                          lagged_max=True, values_scaled_after=True)])
+                                          lagged_max=True, values_scaled_after=True),
+                                     dict(in_place_values=True), dict(in_place_values=True, lagged_max=True),
+                                     dict(dequantize_keys=True, magic_exponents=True, lagged_max=True),
+                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
+                                          lagged_max=True, in_place_values=True, magic_exponents=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
@@ -200,7 +204,8 @@ def test_bad_shapes_are_refused():
 
 
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
-                                     "int2_int4", "merged", "pdl", "values_after"])
+                                     "int2_int4", "merged", "pdl", "values_after",
+                                     "in_place"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -233,7 +238,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 four_warpgroups=qd.MOSAIC_FOUR_WARPGROUPS, dequantize_keys=qd.MOSAIC_DEQUANTIZED_KEYS,
                 lagged_max=qd.MOSAIC_LAGGED_MAX, int2_int4=qd.MOSAIC_INT2_INT4,
                 merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED, pdl=qd.MOSAIC_FOUR_WARPGROUPS_PDL,
-                values_after=qd.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER)[variant]
+                values_after=qd.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER, in_place=qd.MOSAIC_FOUR_WARPGROUPS_IN_PLACE)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
