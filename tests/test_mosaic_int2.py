@@ -238,7 +238,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 four_warpgroups=qd.MOSAIC_FOUR_WARPGROUPS, dequantize_keys=qd.MOSAIC_DEQUANTIZED_KEYS,
                 lagged_max=qd.MOSAIC_LAGGED_MAX, int2_int4=qd.MOSAIC_INT2_INT4,
                 merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED, pdl=qd.MOSAIC_FOUR_WARPGROUPS_PDL,
-                values_after=qd.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER, in_place=qd.MOSAIC_FOUR_WARPGROUPS_IN_PLACE)[variant]
+                values_after=qd.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER,
+                in_place=qd.MOSAIC_FOUR_WARPGROUPS_IN_PLACE)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
