@@ -160,8 +160,43 @@ def range_bias(q: jax.Array, k_min: jax.Array, first, count, windows: int,
   return jnp.pad(bias, ((0, 0), (0, 2 * steps_per_block), (0, 0)), constant_values=_NEG), first - start
 
 
+def _metadata_by_ldmatrix(ref, window, i32):
+  """A [2, H] f16 ref of scales or minimums (shared memory) -> 16 registers a thread: register c holds the
+  pair of channels 8c + 2 (lane % 4) (and + 1) of row `window` (the thread's). Four `ldmatrix.x4`, each of four
+  8 x 8 matrices whose 8 rows all point at one 16-byte chunk of the row, so that every lane gets its own pair
+  of each chunk; 4 instructions where loads of a pair take 16."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm
+
+  c = lambda v: arith.constant(i32, v)
+  base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref))
+  lane = arith.andi(mgpu.utils.thread_idx(), c(31))
+  row = arith.addi(base, arith.muli(window, c(2 * HEAD_DIM)))
+  row = arith.addi(row, arith.muli(arith.shrui(lane, c(3)), c(16)))  # lanes 8m..8m+7 give matrix m's rows
+  quad = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
+  pairs = []
+  for k in range(HEAD_DIM // 32):  # chunks 4k..4k+3
+    loaded = llvm.inline_asm(quad, [arith.addi(row, c(64 * k))],
+                             "ldmatrix.sync.aligned.m8n8.x4.shared.b16 {$0, $1, $2, $3}, [$4];",
+                             "=r,=r,=r,=r,r", has_side_effects=True)  # not moved above the TMA's barrier wait
+    pairs += [llvm.extractvalue(i32, loaded, [i]) for i in range(4)]
+  return pairs
+
+
+def _static_column_groups(codes) -> list[int]:
+  """For each register of `codes` (WGMMA layout), the 8-column group of its first code: the register's column
+  is 2 (lane % 4) + 8 x this (the lane's part is dynamic, the rest static; see TiledLayout.thread_idxs)."""
+  from jax.experimental.mosaic import gpu as mgpu
+  shape = tuple(codes.shape)
+  strides = codes.layout.tiling.tile_strides(tuple(mgpu.utils.get_contiguous_strides(shape)))
+  columns = [sum(i * s for i, s in zip(idx, strides)) % shape[1] for idx in np.ndindex(codes.registers.shape)]
+  assert all(col % 8 == 0 for col in columns), columns
+  return [col // 8 for col in columns]
+
+
 def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic_exponents=False,
-                    parts=None, bits=2):
+                    parts=None, bits=2, ldmatrix_metadata=False):
   """codes [64, 32] uint8 in the WGMMA layout (two codes of a row a register) -> 4 f16 [64, 32] in the WGMMA
   layout: part p is 4^p times the codes (keys; the codes themselves with `magic_exponents`), or, given a
   [2, H] scale and minimum (values), the dequantized values of channels 32p + column, with token t's window
@@ -169,7 +204,8 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
 
   Per register (two bytes of a row): one byte permute puts each byte under the exponent of 1024 (0x64), then
   per part one AND keeps the part's bits in place (1024 + 4^p c exactly, as f16) and one f16x2 subtract
-  removes the 1024; values take one f16x2 fma with the window's scale (times 4^-p) and minimum.
+  removes the 1024; values take one f16x2 fma with the window's scale (times 4^-p) and minimum, loaded a pair
+  at a time, or with `ldmatrix_metadata` all 16 pairs of each by four `ldmatrix` (`_metadata_by_ldmatrix`).
   With `magic_exponents` the permute leaves the high bytes zero and part p's bits go under the exponent of
   2^(10 - 2p), whose mantissa bit 2p is worth 1 (one AND-OR, the Triton kernel's trick): the subtract then
   leaves c itself, and neither q nor the values' scales carry 4^-p. `parts`: which of them to return.
@@ -197,12 +233,17 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
     constants = [part_constants(p, magic_exponents, bits) for p in range(8 // bits)]
     magic = [mgpu.utils.bitcast(const(0x10001 * c[2]), half2) for c in constants]
     registers = {part: np.empty_like(codes.registers) for part in parts}
-    indices = codes.layout.thread_idxs(codes.shape)
-    for (idx, reg), (row, col) in zip(np.ndenumerate(codes.registers), indices):
+    indices = list(codes.layout.thread_idxs(codes.shape))
+    if values and ldmatrix_metadata:  # a thread's rows lie in one window (a warp's 16 of 64 tokens)
+      window = arith.index_cast(i32, arith.divui(indices[0][0], arith.constant(ir.IndexType.get(), WINDOW)))
+      loaded = [[mgpu.utils.bitcast(x, half2) for x in _metadata_by_ldmatrix(ref, window, i32)] for ref in refs]
+      groups = _static_column_groups(codes)
+      chunks = width // 8  # 8-channel chunks a part
+    for n, ((idx, reg), (row, col)) in enumerate(zip(np.ndenumerate(codes.registers), indices)):
       pair = arith.extui(i32, mgpu.utils.bitcast(reg, i16))
       high = "0" if magic_exponents else "0x64646464"  # the high byte of each half: zero, or 1024's
       spread = llvm.inline_asm(i32, [pair], f"prmt.b32 $0, $1, {high}, 0x4140;", "=r,r")
-      if values:
+      if values and not ldmatrix_metadata:
         window = arith.divui(row, arith.constant(ir.IndexType.get(), WINDOW))
       for part in parts:
         mask, exponent, _ = constants[part]
@@ -211,9 +252,12 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
           kept = arith.ori(kept, const(0x10001 * exponent))
         x = arith.subf(mgpu.utils.bitcast(kept, half2), magic[part])
         if values:
-          channel = arith.addi(col, arith.constant(ir.IndexType.get(), width * part))
-          scale = vector.load(half2, refs[0], [window, channel])
-          minimum = vector.load(half2, refs[1], [window, channel])
+          if ldmatrix_metadata:
+            scale, minimum = (pairs[chunks * part + groups[n]] for pairs in loaded)
+          else:
+            channel = arith.addi(col, arith.constant(ir.IndexType.get(), width * part))
+            scale = vector.load(half2, refs[0], [window, channel])
+            minimum = vector.load(half2, refs[1], [window, channel])
           if not magic_exponents:
             scale = arith.mulf(scale, mgpu.utils.bitcast(const(0x10001 * _f16_bits((2.0 ** bits) ** -part)),
                                                          half2))
@@ -327,8 +371,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 defer_values_wgmma: bool = False, values_by_part: bool = False, keys_in_smem: bool = False,
                 bias_in_kernel: bool = False, dequantize_keys: bool = False, lagged_max: bool = False,
                 steps_per_block: int = 1, warpgroups: int = 1, grid_dependency_wait: bool = False,
-                values_scaled_after: bool = False, in_place_values: bool = False, max_windows: int | None = None,
-                range_params=None):
+                values_scaled_after: bool = False, in_place_values: bool = False, ldmatrix_metadata: bool = False,
+                max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -380,7 +424,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   branch): no fresh accumulator, no add of it and no wait on the V wgmma in a step (untimed; like
   `defer_values_wgmma`, not in the interpret mode, which cannot store to an accumulator). With
   `dequantize_keys`, `magic_exponents` puts each part's bits under its own exponent for keys and values alike:
-  the scales need no 4^-p (12 f16x2 multiplies a tensor and step fewer; untimed).
+  the scales need no 4^-p (12 f16x2 multiplies a tensor and step fewer; untimed). `ldmatrix_metadata`: a
+  step's scales and minimums, where dequantized in registers, reach each thread by 4 `ldmatrix` a row instead
+  of 16 loads of a pair (`_metadata_by_ldmatrix`; 48 loads a step fewer with `dequantize_keys`; untimed).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -569,7 +615,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
       if fast:
         return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma,
-                               magic_exponents=magic, bits=bits)
+                               magic_exponents=magic, bits=bits, ldmatrix_metadata=ldmatrix_metadata)
       codes = plgpu.load(kc_s, layout=layout.WGMMA_UPCAST_2X)
       return [plain_dequantized(codes, ks_s, km_s, part) for part in range(parts)]
 
@@ -581,7 +627,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       if fast:
         codes = plgpu.load(vc_s, layout=layout.WGMMA)
         unpack = functools.partial(_unpacked_parts, codes, vs_s, vm_s, ptx_fma=ptx_fma, magic_exponents=magic,
-                                   bits=bits)
+                                   bits=bits, ldmatrix_metadata=ldmatrix_metadata)
         unpacked = [] if values_by_part else unpack()
         for part in range(parts):
           value = unpack(parts=(part,))[0] if values_by_part else unpacked[part]
@@ -957,6 +1003,14 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                         lagged_max=True, in_place_values=True, magic_exponents=True),
     "deferred_dequantized_keys_lagged_magic": dict(defer_values_wgmma=True, overlap_values=False,
                                                    dequantize_keys=True, lagged_max=True, magic_exponents=True),
+    # scales and minimums by ldmatrix (untimed)
+    "values_first_wg4_keys_lagged_ldsm": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
+                                              lagged_max=True, ldmatrix_metadata=True),
+    "values_first_wg4_keys_lagged_all": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True,
+                                             in_place_values=True, magic_exponents=True, ldmatrix_metadata=True),
+    "deferred_dequantized_keys_lagged_magic_ldsm": dict(defer_values_wgmma=True, overlap_values=False,
+                                                        dequantize_keys=True, lagged_max=True, magic_exponents=True,
+                                                        ldmatrix_metadata=True),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
 }

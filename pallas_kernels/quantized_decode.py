@@ -220,6 +220,10 @@ MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER = dataclasses.replace(
 MOSAIC_FOUR_WARPGROUPS_IN_PLACE = dataclasses.replace(
     MOSAIC_FOUR_WARPGROUPS_MERGED,
     mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_in_place_magic"].items()))
+# That, with the scales and minimums reaching the threads by `ldmatrix` ("pallas:mosaic_int2_wg4_all"; untimed).
+MOSAIC_FOUR_WARPGROUPS_ALL = dataclasses.replace(
+    MOSAIC_FOUR_WARPGROUPS_MERGED,
+    mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_all"].items()))
 # The Triton kernel for every pool, at every batch ("pallas:triton": the baseline the Mosaic benches compare to).
 TRITON_ONLY = DecodeConfig(mosaic_min_pairs=None)
 

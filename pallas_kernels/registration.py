@@ -18,6 +18,7 @@
     "pallas:mosaic_int2_wg4_after"  the merged one, the values' codes through the V wgmma as they are, each
                                     step's product scaled after it (slower, session 24)
     "pallas:mosaic_int2_wg4_in_place"  the merged one, O^T accumulated in place and magic exponents (untimed)
+    "pallas:mosaic_int2_wg4_all"  that, with the scales and minimums loaded by ldmatrix (untimed)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -70,3 +71,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_int2_wg4_pdl", quantized_decode.MOSAIC_FOUR_WARPGROUPS_PDL)
   register_variant("pallas:mosaic_int2_wg4_after", quantized_decode.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER)
   register_variant("pallas:mosaic_int2_wg4_in_place", quantized_decode.MOSAIC_FOUR_WARPGROUPS_IN_PLACE)
+  register_variant("pallas:mosaic_int2_wg4_all", quantized_decode.MOSAIC_FOUR_WARPGROUPS_ALL)
