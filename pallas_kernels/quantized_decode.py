@@ -730,7 +730,7 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
                                                              DecodeConfig]:
   """`partial_softmaxes` as a list of sets: the Triton launches' (one set, Gp rows), then the Mosaic
   launch's where it serves a pool (its own 8 rows, o heads last: see `_rows_first`); and `config` as this
-  launch took it (`for_launch`)."""
+  launch took it (`for_launch`'s where a Mosaic launch is made, else the caller's)."""
   b, kh, g, h = qg.shape
   gp = max(16, 1 << (g - 1).bit_length())
   present = [i for i, kp in enumerate(k_pools) if kp is not None and kp.data.shape[2] > 0]
@@ -743,6 +743,7 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
   launch = functools.partial(_launch, q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, layer,
                              window_size=window_size, q_scale=q_scale, interpret=interpret)
   int2 = [i for i in present if k_pools[i].bits == 2 and not k_pools[i].channel_group]
+  requested = config
   config = for_launch(config, b * kh, max((pool_tokens[i] for i in int2), default=0), interpret=interpret)
   served = (2,) * config.int2_mosaic + (4,) * config.int4_mosaic
   mosaic = [i for i in present if mosaic_serves(k_pools[i], v_pools[i], g, h, window_size, served)]
@@ -761,8 +762,8 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
     others = [i for i in present if i not in int4]
     parts = [launch(others, True, tokens_hint - sum(pool_tokens[i] for i in int4), config),
              launch(int4, False, sum(pool_tokens[i] for i in int4), config.int4_launch)]
-    return [tuple(jnp.concatenate(x, axis=2) for x in zip(*parts))], config
-  return [launch(present, True, tokens_hint, config)], config
+    return [tuple(jnp.concatenate(x, axis=2) for x in zip(*parts))], requested
+  return [launch(present, True, tokens_hint, config)], requested
 
 
 def for_launch(config: DecodeConfig, pairs: int, int2_tokens: int, *, interpret: bool) -> DecodeConfig:

@@ -300,6 +300,10 @@ def test_the_default_tiling_takes_the_kernel_at_large_batches(batch, windows, la
                                rest_v, jnp.ones(batch, jnp.int32), window_size=window, pool_tokens=pool_tokens)
   jaxpr = str(jax.make_jaxpr(attend)(spec((batch, kh, g, h), jnp.float32), k_pools, v_pools, rest, rest))
   assert ("wq_combine_with_mosaic" in jaxpr) == (launches == 2)
+  assert "wq_combine_splits" not in jaxpr
+  # 9 query heads a KV head: a large launch the Mosaic kernel does not serve keeps the caller's combine (XLA's)
+  jaxpr = str(jax.make_jaxpr(attend)(spec((batch, kh, 9, h), jnp.float32), k_pools, v_pools, rest, rest))
+  assert "wq_combine" not in jaxpr and "wq_quantized_decode" in jaxpr
 
 
 def test_lagged_max_leaves_one_barrier_a_step():
