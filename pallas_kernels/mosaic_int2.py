@@ -417,8 +417,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   within a step, column c of P weighs only window c // 8's tokens, so O^T[h, c] += s[w, h] (C^T P)[h, c] +
   m[w, h] sum_t P[t, c], with w = c // 8; the column sums come from a second wgmma of P against ones in
   shared memory (16 KB a CTA), already in O^T's layout. 16 x 2 f32 FMAs and a few loads a thread a step
-  replace 32 f16x2 FMAs and their 32 loads of scales and minimums (untimed; not with `defer_values_wgmma`,
-  which accumulates O^T in place). `in_place_values`: O^T accumulates in place in a wgmma accumulator, with
+  replace 32 f16x2 FMAs and their 32 loads of scales and minimums (slower: 347 µs against 277 at batch 32 x
+  32k, session 24; not with `defer_values_wgmma`, which accumulates O^T in place). `in_place_values`: O^T accumulates in place in a wgmma accumulator, with
   one V and one P buffer: a step's V wgmma is waited for at the start of the next step, before they are
   rewritten, and with `lagged_max` the accumulator is rescaled only where the maximum moves (the vote's
   branch): no fresh accumulator, no add of it and no wait on the V wgmma in a step (untimed; like
@@ -986,7 +986,7 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # that, launched under PDL (`grid_dependency_wait`; untimed)
     "values_first_wg4_keys_lagged_pdl": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
                                              lagged_max=True, grid_dependency_wait=True),
-    # the values' codes through the V wgmma as they are, the step's product scaled after it (untimed)
+    # the values' codes through the V wgmma as they are, the step's product scaled after it (slower, s24)
     "values_first_wg4_keys_lagged_after": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
                                                lagged_max=True, values_scaled_after=True),
     "values_first_wg4_lagged_after": dict(overlap_values=False, warpgroups=4, lagged_max=True,
