@@ -5,6 +5,10 @@ and inside it). Offline, on a PTX file dumped from the device (`MOSAIC_GPU_DUMP_
 
     python -m benchmarks.ptx_loop_registers benchmarks/results/mosaic_int2_s20_ptx/kernel_0.ptx
 
+It also counts the loop's instructions by opcode (`ld`, `fma`, `wgmma`...: what a variant adds or removes a
+step). A program's output with the PTX in it (`MOSAIC_GPU_DUMP_PTX=1` prints it) is read from its `.version`
+line to the end of the kernel.
+
 The loop is the longest span between a label and a branch back to it.
 """
 from __future__ import annotations
@@ -71,13 +75,41 @@ def loop_registers(text: str) -> dict:
               carried=dict(collections.Counter(map(_kind, carried))), carried_registers=width(carried))
 
 
+def loop_opcodes(text: str) -> dict[str, int]:
+  """The main loop's instructions by opcode (the name before its first dot; a predicate is skipped), most
+  frequent first."""
+  lines = _statements(text)
+  first, last = main_loop(lines)
+  opcodes = collections.Counter()
+  for line in lines[first:last + 1]:
+    if not line or LABEL.match(line) or line.startswith((".", "{", "}", "$")) or line.endswith(":"):
+      continue
+    words = line.split()
+    opcode = words[1] if words[0].startswith("@") and len(words) > 1 else words[0]
+    opcodes[opcode.split(".")[0].rstrip(";")] += 1
+  return dict(opcodes.most_common())
+
+
+def ptx_of(text: str) -> str:
+  """The PTX in `text`: from its `.version` line to the closing brace of its last kernel (a program's log
+  may hold the PTX among other output), or the text itself where it has no `.version`."""
+  start = text.find(".version")
+  if start < 0:
+    return text
+  end = text.find("\n}\n", start)
+  return text[start:] if end < 0 else text[start:end + 3]
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("ptx", type=Path)
   args = ap.parse_args(argv)
-  report = loop_registers(args.ptx.read_text())
+  text = ptx_of(args.ptx.read_text(errors="replace"))
+  report = loop_registers(text)
   for key, value in report.items():
     print(f"{key}: {value}")
+  opcodes = loop_opcodes(text)
+  print(f"loop instructions: {sum(opcodes.values())}: {opcodes}")
 
 
 if __name__ == "__main__":

@@ -32,6 +32,17 @@ def test_live_in_and_carried_values():
   assert report["carried_registers"] == 2
 
 
+def test_loop_instructions_by_opcode():
+  assert plr.loop_opcodes(PTX) == {"add": 2, "ld": 1, "setp": 1, "bra": 1}
+
+
+def test_the_ptx_is_found_in_a_log():
+  log = "compiling...\n.version 9.0\n.target sm_90a\n" + PTX + "\nfinite: True\n"
+  text = plr.ptx_of(log)
+  assert text.startswith(".version") and text.rstrip().endswith("}")
+  assert plr.loop_opcodes(text) == plr.loop_opcodes(PTX)
+
+
 def test_a_kernel_without_a_loop_is_refused():
   with pytest.raises(ValueError, match="no loop"):
     plr.loop_registers(PTX.replace("@%p1 bra 	$L__BB0_1;", ""))
