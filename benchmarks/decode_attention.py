@@ -424,8 +424,8 @@ VARIANTS = {
     "mosaic_int2_int4": qd.MOSAIC_INT2_INT4,  # that, and the INT4 pool in a Mosaic launch too (s23)
     "mosaic_int2_wg4": qd.MOSAIC_FOUR_WARPGROUPS,  # four programs a CTA, keys dequantized, lagged max (s23)
     "mosaic_int2_int4_wg4": dataclasses.replace(qd.MOSAIC_FOUR_WARPGROUPS, int4_mosaic=True),  # INT4 too (s23)
-    "mosaic_int2_wg4_merged": qd.MOSAIC_FOUR_WARPGROUPS_MERGED,  # the two sets merged in one launch (untimed)
-    "mosaic_int2_wg4_pdl": qd.MOSAIC_FOUR_WARPGROUPS_PDL,  # launched under PDL (untimed)
+    "mosaic_int2_wg4_merged": qd.MOSAIC_FOUR_WARPGROUPS_MERGED,  # the two sets merged in one launch (s24)
+    "mosaic_int2_wg4_pdl": qd.MOSAIC_FOUR_WARPGROUPS_PDL,  # launched under PDL (no faster, s24)
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=tuple(mi.VARIANTS["deferred_values_first_block2"].items())),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)

@@ -27,14 +27,17 @@ Triton kernel's 645, 94 against 101 at batch 8. In the registered path as `"pall
 data, each split's trip count follows it) in a launch of its own, merged with the Triton launch's
 partials; one layer at batch 8 x 32k, mixed plan, 150 µs against 158. In the 7B step at 32 x 100 (session
 22) its launches take 5.26 ms a step against the Triton launch's 5.95, but the XLA bias around them 0.87
-ms more: hence `dequantize_keys` (no bias) and `lagged_max` (one barrier a step), both untimed.
+ms more: hence `dequantize_keys` (no bias) and `lagged_max` (one barrier a step, 8-10 % faster, session 23).
+With four warpgroups a CTA (`values_first_wg4_keys_lagged`) it is what `"pallas"` runs at large batches: 277
+µs against Triton's 346 at batch 32 x 32k, and the 7B step at 32 x 100 in 9.98 ms against 10.87 (session 24).
 
 Layouts: codes [N, T, H/4] uint8 packed "split" style (byte j holds channels j, j + 32, j + 64, j + 96 at
 bits 0, 2, 4, 6), scales and minimums [N, T/32, H] f16, N = batch * KV heads. Scores are base 2 (q carries
 log2 e and the softmax scale). H = 128, window 32.
 
 INT4 pools take the same kernel: codes [N, T, H/2] (byte j holds channels j and j + 64), so 2 parts of 64
-channels, 16^p c, instead of 4 of 32 (the bit width follows from the codes' shape; untimed).
+channels, 16^p c, instead of 4 of 32 (the bit width follows from the codes' shape; 1.08 x the Triton INT4
+launch at batch 8, 0.91 x at 60, session 23: off by default).
 """
 from __future__ import annotations
 
@@ -412,17 +415,17 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   warpgroup (`_column_reduce`; right on the H200 since, session 23). `grid_dependency_wait`: the kernel
   waits for the grids before it (`griddepcontrol.wait`) before its first read of memory, which makes Mosaic
   launch it with programmatic stream serialization (PDL): its CTAs may start, and set up their barriers and
-  buffers, while the kernel before it drains (untimed). `values_scaled_after`: the values' codes go to the V
+  buffers, while the kernel before it drains (no faster, s24). `values_scaled_after`: the values' codes go to the V
   wgmma as they are (no scale, minimum or their loads a code), and the step's product is scaled after it:
   within a step, column c of P weighs only window c // 8's tokens, so O^T[h, c] += s[w, h] (C^T P)[h, c] +
   m[w, h] sum_t P[t, c], with w = c // 8; the column sums come from a second wgmma of P against ones in
   shared memory (16 KB a CTA), already in O^T's layout. 16 x 2 f32 FMAs and a few loads a thread a step
   replace 32 f16x2 FMAs and their 32 loads of scales and minimums (slower: 347 µs against 277 at batch 32 x
-  32k, session 24; not with `defer_values_wgmma`, which accumulates O^T in place). `in_place_values`: O^T accumulates in place in a wgmma accumulator, with
-  one V and one P buffer: a step's V wgmma is waited for at the start of the next step, before they are
-  rewritten, and with `lagged_max` the accumulator is rescaled only where the maximum moves (the vote's
-  branch): no fresh accumulator, no add of it and no wait on the V wgmma in a step (untimed; like
-  `defer_values_wgmma`, not in the interpret mode, which cannot store to an accumulator). With
+  32k, session 24; not with `defer_values_wgmma`, which accumulates O^T in place). `in_place_values`: O^T
+  accumulates in place in a wgmma accumulator, with one V and one P buffer: a step's V wgmma is waited for at
+  the start of the next step, before they are rewritten, and with `lagged_max` the accumulator is rescaled only
+  where the maximum moves (the vote's branch): no fresh accumulator, no add of it and no wait on the V wgmma in
+  a step (untimed; like `defer_values_wgmma`, not in the interpret mode, which cannot store to an accumulator). With
   `dequantize_keys`, `magic_exponents` puts each part's bits under its own exponent for keys and values alike:
   the scales need no 4^-p (12 f16x2 multiplies a tensor and step fewer; untimed). `ldmatrix_metadata`: a
   step's scales and minimums, where dequantized in registers, reach each thread by 4 `ldmatrix` a row instead
