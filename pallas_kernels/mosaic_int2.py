@@ -250,9 +250,11 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
         window = arith.divui(row, arith.constant(ir.IndexType.get(), WINDOW))
       for part in parts:
         mask, exponent, _ = constants[part]
-        kept = arith.andi(spread, const(0x10001 * mask))
-        if exponent:
-          kept = arith.ori(kept, const(0x10001 * exponent))
+        if exponent:  # one LOP3: as an AND and an OR, ptxas kept two (session 25's SASS: 132 LOP3 a step, not 68)
+          kept = llvm.inline_asm(i32, [spread, const(0x10001 * mask), const(0x10001 * exponent)],
+                                 "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r")  # 0xEA: (a & b) | c
+        else:
+          kept = arith.andi(spread, const(0x10001 * mask))
         x = arith.subf(mgpu.utils.bitcast(kept, half2), magic[part])
         if values:
           if ldmatrix_metadata:
@@ -309,6 +311,7 @@ def _vote_by_warp(x, limit, votes_ref):
 
 
 REDUCTION_SCRATCH = 512  # f32 elements of a warpgroup's own scratch for `_column_reduce`
+REDUCTION_SCRATCH_BLOCK2 = 256  # the least one reduction takes: four warpgroups of two-step blocks fit 227 KB then
 
 
 def _column_reduce(x, op: str, scratch_ref):
@@ -697,11 +700,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 for w in range(2)]  # columns 0-7 from the first window's row, 8-15 from the second's
         s = jnp.where(own_window, s + jnp.where(first_half, bias[0], bias[1]), _NEG)
       if lagged_max:  # P against the agreed maximum, stored with the warps' votes before P's barrier
-        m_new, p = lagged_softmax(s, m_run, p_s, vote_slots.at[lax.rem(index, 2)])
+        m_new, p, alpha = lagged_softmax(s, m_run, p_s, vote_slots.at[lax.rem(index, 2)])
       else:
         m_new = jnp.maximum(m_run, column_max(s))
         p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
-      alpha = jnp.exp2(m_run - m_new)
+        alpha = jnp.exp2(m_run - m_new)
       # Row sums are kept a thread's rows apart and reduced once at the end: no exchange between warps.
       l_rows = l_rows * lax.broadcast_in_dim(alpha, s.shape, [1]) + p
       if in_place and not rescale_on_vote:
@@ -734,8 +737,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return acc, m_new, l_rows
 
     def lagged_softmax(s, m_run, p_s, votes):
-      """(maximum, P) of a step's scores s: P = 2^(s - m_run) where no score exceeds m_run by more than
-      LAG_MARGIN, else (a uniform branch) the true running maximum and P against it. P is in p_s, fenced."""
+      """(maximum, P, the factor alpha on what came before) of a step's scores s: P = 2^(s - m_run) and alpha 1
+      where no score exceeds m_run by more than LAG_MARGIN, else (a uniform branch) the true running maximum, P
+      against it and 2^(m_run - maximum). P is in p_s, fenced."""
       limit = lax.broadcast_in_dim(m_run + LAG_MARGIN, s.shape, [1])
       p = jnp.exp2(s - lax.broadcast_in_dim(m_run, s.shape, [1]))
       p_s[...] = p.astype(jnp.float16)
@@ -749,13 +753,16 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
       def reduce_and_redo():
         m_new = jnp.maximum(m_run, column_max(s))
+        alpha = jnp.exp2(m_run - m_new)
         if rescale_on_vote:  # the accumulator's last wgmma was waited for at the step's start
-          o_acc[...] = o_acc[...] * lax.broadcast_in_dim(jnp.exp2(m_run - m_new), (HEAD_DIM, COLUMNS), [1])
+          o_acc[...] = o_acc[...] * lax.broadcast_in_dim(alpha, (HEAD_DIM, COLUMNS), [1])
         p_new = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
         p_s[...] = p_new.astype(jnp.float16)
         plgpu.commit_smem()
-        return m_new, p_new
-      return lax.cond(over, reduce_and_redo, lambda: (m_run, p))
+        return m_new, p_new, alpha
+      # No vote: alpha is 1, not 2^(m_run - m_run) (s25 SASS: 20 instructions a step went to that)
+      unchanged = plgpu.layout_cast(jnp.ones((COLUMNS,), jnp.float32), layout.WGMMA.reduce(0))
+      return lax.cond(over, reduce_and_redo, lambda: (m_run, p, unchanged))
 
     def run_loop(accumulator=None):  # accumulator: O^T's wgmma accumulator where it accumulates in place
       nonlocal o_acc
@@ -854,7 +861,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                                                                                                jnp.float32),
                 codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
                 plgpu.Barrier(num_arrivals=6, num_barriers=groups * stages),
-                smem((groups, REDUCTION_SCRATCH), jnp.float32)]
+                smem((groups, REDUCTION_SCRATCH if spb == 1 else REDUCTION_SCRATCH_BLOCK2), jnp.float32)]
     threads = dict(num_threads=groups, thread_name="wg")
   if values_scaled_after:  # ones for the column sums of P, one buffer a CTA (the last scratch)
     scratch.append(smem((STEP, HEAD_DIM), jnp.float16, 32))
@@ -1014,6 +1021,14 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "deferred_dequantized_keys_lagged_magic_ldsm": dict(defer_values_wgmma=True, overlap_values=False,
                                                         dequantize_keys=True, lagged_max=True, magic_exponents=True,
                                                         ldmatrix_metadata=True),
+    # The large-batch default's kernel (in place, magic exponents), with ex2.approx.ftz for every exp2 (Mosaic's
+    # approx_math; the plain exp2 takes a compare and two predicated multiplies around each MUFU.EX2), and
+    # that with two 64-token steps a pipeline iteration (one TMA issue of 6 copies, ~100 SASS a warp, for both)
+    "wg4_large_batch_ftz": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True,
+                                in_place_values=True, magic_exponents=True, approx_math=True),
+    "wg4_large_batch_ftz_block2": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True,
+                                       in_place_values=True, magic_exponents=True, approx_math=True,
+                                       steps_per_block=2),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
 }

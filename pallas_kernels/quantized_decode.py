@@ -166,6 +166,7 @@ class DecodeConfig:
   # default's large launches kept XLA's merge: 10.09 ms in the same run).
   mosaic_min_pairs: int | None = 128
   mosaic_min_pool_tokens: int = 1 << 14
+  mosaic_min_splits: int = 8  # `mosaic_splits` starts its search here, or at one wave of programs if more
 
 
 # The Mosaic INT2 launch with its key minimums' biases computed in the kernel, not by an XLA einsum over the
@@ -195,12 +196,6 @@ MOSAIC_INT2_INT4 = dataclasses.replace(MOSAIC_LAGGED_MAX, int4_mosaic=True)
 MOSAIC_FOUR_WARPGROUPS = DecodeConfig(
     int2_mosaic=True, mosaic_programs_per_multiprocessor=4,
     mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged"].items()))
-# What the default runs for large launches (`for_launch`): that kernel, with the two launches' partials merged
-# in one Pallas launch (`combine_with_heads_last_kernel`) where XLA takes five or more small kernels a layer
-# ("pallas:mosaic_int2_wg4_merged"). The 7B step at 32 x 100: 9.98 ms against 10.09 with XLA's merge, 9.92
-# against 10.09 under PDL options (session 24, `decode_throughput_*_s24_gpu.md`, same run).
-LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_FOUR_WARPGROUPS, k)
-                      for k in ("mosaic_programs_per_multiprocessor", "mosaic_options")} | dict(fused_combine=True)
 MOSAIC_FOUR_WARPGROUPS_MERGED = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS, fused_combine=True)
 # The four-warpgroup kernel launched under PDL (`grid_dependency_wait`): it may start while the kernel before it
 # drains, where XLA's `xla_gpu_enable_pdl` lets custom calls that ask for it ("pallas:mosaic_int2_wg4_pdl"):
@@ -215,15 +210,39 @@ MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER = dataclasses.replace(
     MOSAIC_FOUR_WARPGROUPS_MERGED,
     mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_after"].items()))
 # The large-batch configuration with O^T accumulated in place (rescaled only where the maximum moves; the V
-# wgmma waited for in the next step) and magic exponents (no 4^-p on the scales)
-# ("pallas:mosaic_int2_wg4_in_place"; untimed).
+# wgmma waited for in the next step) and magic exponents (no 4^-p on the scales; one LOP3 a part since s25)
+# ("pallas:mosaic_int2_wg4_in_place"): its kernel 260.7 µs against 274.7 at batch 32 x 32k, 507.6 against 535.3
+# at 60, and the 7B step at 32 x 100 9.71 ms against 9.96 (session 25, `mosaic_int2_s25_lop3_h200.md`,
+# `decode_throughput_*_s25_lop3_gpu.md`, same runs).
 MOSAIC_FOUR_WARPGROUPS_IN_PLACE = dataclasses.replace(
     MOSAIC_FOUR_WARPGROUPS_MERGED,
     mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_in_place_magic"].items()))
-# That, with the scales and minimums reaching the threads by `ldmatrix` ("pallas:mosaic_int2_wg4_all"; untimed).
+# That, with the scales and minimums reaching the threads by `ldmatrix` ("pallas:mosaic_int2_wg4_all"): slower,
+# 270.2 / 529.8 µs at batch 32 / 60 (session 25), though 51 SASS a step fewer.
 MOSAIC_FOUR_WARPGROUPS_ALL = dataclasses.replace(
     MOSAIC_FOUR_WARPGROUPS_MERGED,
     mosaic_options=tuple(mosaic_int2.VARIANTS["values_first_wg4_keys_lagged_all"].items()))
+# The in-place kernel with ex2.approx.ftz for every exp2 (Mosaic's `approx_math`; no compare and predicated
+# multiplies around each MUFU.EX2: 656 SASS a step against 750) ("pallas:mosaic_int2_wg4_ftz"): 251.0 µs against
+# 255.1 at batch 32 x 32k, 491.6 against 497.9 at 60; the 7B step at 32 x 100 9.62 ms against 9.65 (session 25,
+# `mosaic_int2_s25_ftz_h200.md`, `decode_throughput_*_s25_ftz_gpu.md`, same runs). With two steps a pipeline
+# iteration ("pallas:mosaic_int2_wg4_ftz_block2") 259.6 / 507.7 µs and 9.87 ms: slower (ptxas spills at 128
+# registers).
+MOSAIC_FOUR_WARPGROUPS_FTZ = dataclasses.replace(
+    MOSAIC_FOUR_WARPGROUPS_MERGED, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz"].items()))
+MOSAIC_FOUR_WARPGROUPS_FTZ_BLOCK2 = dataclasses.replace(
+    MOSAIC_FOUR_WARPGROUPS_MERGED, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_block2"].items()))
+# That with 4 splits a pair at least where the default took 8 ("pallas:mosaic_int2_wg4_ftz_j4"): at 128 pairs one
+# wave of programs, twice as many steps each, half the partials to write and merge. At 19,968 tokens (the 7B's
+# INT2 pool at 100 frames is ~19.6k) 154.1 µs against 162.3 with 8 splits (12: 169.2) at batch 32, 300.3 against
+# 312.8 at 60; the 7B step at 32 x 100 9.42 ms against 9.73 (session 25, `mosaic_int2_s25_splits_h200.md`,
+# `decode_throughput_*_s25_splits_gpu.md`, same runs).
+MOSAIC_FOUR_WARPGROUPS_FTZ_J4 = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS_FTZ, mosaic_min_splits=4)
+# What the default runs for large launches (`for_launch`): that, with the two launches' partials merged in one
+# Pallas launch (`combine_with_heads_last_kernel`) where XLA takes five or more small kernels a layer. The
+# merged combine: 9.98 ms against 10.09 with XLA's merge at 32 x 100 (session 24).
+LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_FOUR_WARPGROUPS_FTZ_J4, k) for k in (
+    "mosaic_programs_per_multiprocessor", "mosaic_options", "fused_combine", "mosaic_min_splits")}
 # The Triton kernel for every pool, at every batch ("pallas:triton": the baseline the Mosaic benches compare to).
 TRITON_ONLY = DecodeConfig(mosaic_min_pairs=None)
 
@@ -814,7 +833,7 @@ def mosaic_splits(pairs: int, steps: int, config: DecodeConfig) -> int:
   batch 60 8 splits 578 µs, 12 583, 3 632: many short programs end together, few long ones do not."""
   slots = _multiprocessors(config) * config.mosaic_programs_per_multiprocessor
   limit = max(1, min(steps, 64))
-  for j in range(min(max(8, slots // pairs), limit), limit + 1):
+  for j in range(min(max(config.mosaic_min_splits, slots // pairs), limit), limit + 1):
     programs = pairs * j
     if programs <= slots or programs % slots == 0 or programs % slots >= slots // 2:
       return j

@@ -13,13 +13,18 @@
     "pallas:mosaic_int2_int4"  that, and the INT4 pool through the same kernel (slower than the Triton INT4
                           launch at batch 60, session 23)
     "pallas:mosaic_int2_wg4"  keys dequantized, lagged maximum, four programs (warpgroups) a CTA
-    "pallas:mosaic_int2_wg4_merged"  that, with the two launches' partials merged in one Pallas launch: what
-                                     "pallas" runs at large batches (9.98 ms against 10.09, 32 x 100, s24)
+    "pallas:mosaic_int2_wg4_merged"  that, with the two launches' partials merged in one Pallas launch
+                                     (9.98 ms against 10.09, 32 x 100, s24)
     "pallas:mosaic_int2_wg4_pdl"  that kernel launched under PDL, where XLA allows it (no faster, s24)
     "pallas:mosaic_int2_wg4_after"  the merged one, the values' codes through the V wgmma as they are, each
                                     step's product scaled after it (slower, session 24)
-    "pallas:mosaic_int2_wg4_in_place"  the merged one, O^T accumulated in place and magic exponents (untimed)
-    "pallas:mosaic_int2_wg4_all"  that, with the scales and minimums loaded by ldmatrix (untimed)
+    "pallas:mosaic_int2_wg4_in_place"  the merged one, O^T accumulated in place and magic exponents (9.71 ms
+                                       against 9.96, 32 x 100, s25)
+    "pallas:mosaic_int2_wg4_all"  that, with the scales and minimums loaded by ldmatrix (slower, s25)
+    "pallas:mosaic_int2_wg4_ftz"  the in-place one with ex2.approx.ftz (9.62 ms against 9.65, 32 x 100, s25)
+    "pallas:mosaic_int2_wg4_ftz_block2"  that, two 64-token steps a pipeline iteration (slower, s25)
+    "pallas:mosaic_int2_wg4_ftz_j4"  the ftz one, 4 splits a pair at least, not 8: what "pallas" runs at large
+                                     batches (9.42 ms against 9.73, 32 x 100, s25)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -73,3 +78,6 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_int2_wg4_after", quantized_decode.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER)
   register_variant("pallas:mosaic_int2_wg4_in_place", quantized_decode.MOSAIC_FOUR_WARPGROUPS_IN_PLACE)
   register_variant("pallas:mosaic_int2_wg4_all", quantized_decode.MOSAIC_FOUR_WARPGROUPS_ALL)
+  register_variant("pallas:mosaic_int2_wg4_ftz", quantized_decode.MOSAIC_FOUR_WARPGROUPS_FTZ)
+  register_variant("pallas:mosaic_int2_wg4_ftz_block2", quantized_decode.MOSAIC_FOUR_WARPGROUPS_FTZ_BLOCK2)
+  register_variant("pallas:mosaic_int2_wg4_ftz_j4", quantized_decode.MOSAIC_FOUR_WARPGROUPS_FTZ_J4)

@@ -166,7 +166,10 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(ldmatrix_metadata=True), dict(bits=4, ldmatrix_metadata=True),
                                      dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
                                           lagged_max=True, in_place_values=True, magic_exponents=True,
-                                          ldmatrix_metadata=True)])
+                                          ldmatrix_metadata=True),
+                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
+                                          lagged_max=True, in_place_values=True, magic_exponents=True,
+                                          approx_math=True, steps_per_block=2)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
@@ -209,7 +212,7 @@ def test_bad_shapes_are_refused():
 
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
                                      "int2_int4", "merged", "pdl", "values_after",
-                                     "in_place", "all"])
+                                     "in_place", "all", "ftz", "ftz_block2"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -243,7 +246,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 lagged_max=qd.MOSAIC_LAGGED_MAX, int2_int4=qd.MOSAIC_INT2_INT4,
                 merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED, pdl=qd.MOSAIC_FOUR_WARPGROUPS_PDL,
                 values_after=qd.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER,
-                in_place=qd.MOSAIC_FOUR_WARPGROUPS_IN_PLACE, all=qd.MOSAIC_FOUR_WARPGROUPS_ALL)[variant]
+                in_place=qd.MOSAIC_FOUR_WARPGROUPS_IN_PLACE, all=qd.MOSAIC_FOUR_WARPGROUPS_ALL,
+                ftz=qd.MOSAIC_FOUR_WARPGROUPS_FTZ, ftz_block2=qd.MOSAIC_FOUR_WARPGROUPS_FTZ_BLOCK2)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
