@@ -383,7 +383,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
   of parity c // 8. `fast_unpack`: codes to halves with inline PTX (else Mosaic's own conversions, which
-  the interpret mode runs); `stages`: the input pipeline's depth; `approx_math`: Mosaic's approximate exp2;
+  the interpret mode runs); `stages`: the input pipeline's depth; `approx_math`: Mosaic's approximate exp2
+  (`ex2.approx.ftz.f32`: 1.5 % faster in the large-batch kernel, s25);
   `ptx_fma`: the values' f16x2 fma as inline PTX; `auto_barriers`: Pallas' barrier before and after every
   store to shared memory (without them, each buffer is written only after the wgmma that read it was
   waited for, and read only after `commit_smem`, whose barrier orders the writes); `magic_exponents`: see
@@ -407,9 +408,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   score exceeds that maximum by more than `LAG_MARGIN` (P <= 2^8 stays exact enough in f16) and writes its
   vote beside P before P's barrier; only where a vote is cast (uniform, read after the barrier) is the true
   maximum reduced and P recomputed (the first step with a score always; 8-10 % faster, session 23);
-  `steps_per_block`: 64-token steps a pipeline iteration
-  (one TMA issue, barrier wait and slot computation for them all; with 2 and `defer_values_wgmma`, the V
-  and P buffers' slots are static; untimed); `warpgroups`: programs (warpgroups) a CTA, each with its own
+  `steps_per_block`: 64-token steps a pipeline iteration (one TMA issue, barrier wait and slot computation for
+  them all; with 2 and `defer_values_wgmma`, the V and P buffers' slots are static; with four warpgroups
+  slower, s25: ptxas spills); `warpgroups`: programs (warpgroups) a CTA, each with its own
   buffers and a pipeline written out by hand. Four make a CTA of 512 threads, for which ptxas must fit 128
   registers a thread (session 20's PTX: 145 registers, 128 with 36 bytes of spills), so that an SM holds 4
   programs, not 3; not with `defer_values_wgmma` (its second V buffer would not fit 4 times),
@@ -428,11 +429,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   accumulates in place in a wgmma accumulator, with one V and one P buffer: a step's V wgmma is waited for at
   the start of the next step, before they are rewritten, and with `lagged_max` the accumulator is rescaled only
   where the maximum moves (the vote's branch): no fresh accumulator, no add of it and no wait on the V wgmma in
-  a step (untimed; like `defer_values_wgmma`, not in the interpret mode, which cannot store to an accumulator). With
-  `dequantize_keys`, `magic_exponents` puts each part's bits under its own exponent for keys and values alike:
-  the scales need no 4^-p (12 f16x2 multiplies a tensor and step fewer; untimed). `ldmatrix_metadata`: a
-  step's scales and minimums, where dequantized in registers, reach each thread by 4 `ldmatrix` a row instead
-  of 16 loads of a pair (`_metadata_by_ldmatrix`; 48 loads a step fewer with `dequantize_keys`; untimed).
+  a step (3.5 % faster, s25; like `defer_values_wgmma`, not in the interpret mode, which cannot store to an
+  accumulator). With `dequantize_keys`, `magic_exponents` puts each part's bits under its own exponent for keys
+  and values alike: the scales need no 4^-p (12 f16x2 multiplies a tensor and step fewer; 3 % faster with the
+  AND-OR as one LOP3, s25). `ldmatrix_metadata`: a step's scales and minimums, where dequantized in registers,
+  reach each thread by 4 `ldmatrix` a row instead of 16 loads of a pair (`_metadata_by_ldmatrix`; 48 loads a
+  step fewer with `dequantize_keys`; 2 % slower, s25).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -1004,7 +1006,7 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "dequantized_keys_lagged_after": dict(overlap_values=False, dequantize_keys=True, lagged_max=True,
                                           values_scaled_after=True),
     # O^T accumulated in place, rescaled only on a vote, the V wgmma waited for in the next step; and/or magic
-    # exponents (no 4^-p on the scales) (untimed)
+    # exponents (no 4^-p on the scales): 3.5 / 3 / 5 % faster at batch 32-60 (s25, `mosaic_int2_s25_lop3_h200.md`)
     "values_first_wg4_keys_lagged_in_place": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
                                                   lagged_max=True, in_place_values=True),
     "values_first_wg4_keys_lagged_magic": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
@@ -1013,7 +1015,7 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                         lagged_max=True, in_place_values=True, magic_exponents=True),
     "deferred_dequantized_keys_lagged_magic": dict(defer_values_wgmma=True, overlap_values=False,
                                                    dequantize_keys=True, lagged_max=True, magic_exponents=True),
-    # scales and minimums by ldmatrix (untimed)
+    # scales and minimums by ldmatrix: no faster (s25)
     "values_first_wg4_keys_lagged_ldsm": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
                                               lagged_max=True, ldmatrix_metadata=True),
     "values_first_wg4_keys_lagged_all": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True,

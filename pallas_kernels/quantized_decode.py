@@ -827,10 +827,12 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, w
 
 def mosaic_splits(pairs: int, steps: int, config: DecodeConfig) -> int:
   """Splits of each (request, KV head) pair's `steps` 64-token steps for the Mosaic INT2 launch: one wave
-  of programs where the pairs leave room for 8 splits or more, else at least 8 splits, raised until the
-  last wave is at least half full. Measured (H200, 32k tokens, `mosaic_int2_s21_run2_h200.md`): batch 8
-  12 splits (one wave) 94 µs, 8 splits 101; batch 32 8 splits (2.6 waves) 317 µs, 3 (one wave) 325;
-  batch 60 8 splits 578 µs, 12 583, 3 632: many short programs end together, few long ones do not."""
+  of programs where the pairs leave room for `mosaic_min_splits` (8) or more, else at least that many, raised
+  until the last wave is at least half full. Measured (H200, 32k tokens, three programs an SM,
+  `mosaic_int2_s21_run2_h200.md`): batch 8 12 splits (one wave) 94 µs, 8 splits 101; batch 32 8 splits (2.6
+  waves) 317 µs, 3 (one wave) 325; batch 60 8 splits 578 µs, 12 583, 3 632. With four programs an SM (the
+  large-batch kernel, 19,968 tokens, `mosaic_int2_s25_splits_h200.md`) 4 splits won: batch 32 154 µs against
+  162 at 8 and 169 at 12, batch 60 300 against 313, so `LARGE_BATCH_MOSAIC` starts at 4."""
   slots = _multiprocessors(config) * config.mosaic_programs_per_multiprocessor
   limit = max(1, min(steps, 64))
   for j in range(min(max(config.mosaic_min_splits, slots // pairs), limit), limit + 1):
