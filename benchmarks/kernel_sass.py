@@ -11,6 +11,10 @@ Step 2 prints the registers a thread and, for every loop of the SASS (a backward
 instruction count and the most frequent opcodes. XLA bundles its own Triton, so the counts are close
 to what runs on the GPU, not exact; they compare variants, they do not time them
 (`results/decode_attention_notes.md` quotes them next to the H200's timings).
+
+The Mosaic GPU kernel's PTX, dumped on the GPU (`MOSAIC_GPU_DUMP_PTX=1 ... > V.log`), the same way:
+
+    python benchmarks/kernel_sass.py ptx benchmarks/results/mosaic_int2_s25_ptx/wg4_large_batch_ftz.log.gz
 """
 from __future__ import annotations
 
@@ -142,6 +146,41 @@ def compile_ttir(path: str, num_warps: int | None = None, num_stages: int | None
     print(f"  loop {start:#x}-{end:#x}: {sum(ops.values())} instructions ({top})")
 
 
+def ptx_for(ptx: str, ptxas_version: str) -> str:
+  """The PTX with its `.version` lowered to what `ptxas` reads (pip triton's ptxas 12.9 takes 8.8; the H200's
+  Mosaic GPU writes 9.0): the kernels use nothing newer, so the SASS is the device's up to ptxas' own choices."""
+  return re.sub(r"^\.version \S+", f".version {ptxas_version}", ptx, count=1, flags=re.M)
+
+
+def compile_ptx(path: str, out: str = "/tmp/kernel_sass", ptxas_version: str = "8.8") -> None:
+  """A Mosaic GPU kernel's PTX (a `.ptx` file, or a program's log under MOSAIC_GPU_DUMP_PTX=1, gzipped or not)
+  compiled for sm_90a with pip triton's ptxas: registers, spills, and each loop's SASS count and opcodes."""
+  import gzip
+
+  import triton
+
+  from benchmarks.ptx_loop_registers import ptx_of
+  opener = gzip.open if path.endswith(".gz") else open
+  with opener(path, "rt", errors="replace") as f:
+    ptx = ptx_for(ptx_of(f.read()), ptxas_version)
+  os.makedirs(out, exist_ok=True)
+  stem = os.path.join(out, re.sub(r"(\.log|\.ptx)?(\.gz)?$", "", os.path.basename(path)))
+  tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+  with open(stem + ".ptx", "w") as f:
+    f.write(ptx)
+  report = subprocess.run([os.path.join(tools, "ptxas"), "-arch=sm_90a", "-O3", "-v", stem + ".ptx", "-o",
+                           stem + ".cubin"], capture_output=True, text=True, check=True).stderr
+  sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", stem + ".cubin"], capture_output=True,
+                        text=True, check=True).stdout
+  with open(stem + ".sass", "w") as f:
+    f.write(sass)
+  print(path + ":", "; ".join(line.split(":", 1)[-1].strip() for line in report.splitlines()
+                              if "Used" in line or "spill" in line))
+  for start, end, ops in loops(sass):
+    top = ", ".join(f"{k} {v}" for k, v in ops.most_common(14))
+    print(f"  loop {start:#x}-{end:#x}: {sum(ops.values())} instructions ({top})")
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   sub = ap.add_subparsers(dest="command", required=True)
@@ -154,8 +193,15 @@ def main(argv=None):
   comp.add_argument("paths", nargs="+")
   comp.add_argument("--num-warps", type=int)
   comp.add_argument("--num-stages", type=int)
+  ptx = sub.add_parser("ptx", help="compile a Mosaic GPU kernel's dumped PTX with pip's triton ptxas; count SASS")
+  ptx.add_argument("paths", nargs="+", help=".ptx files, or logs of MOSAIC_GPU_DUMP_PTX=1 runs (.log[.gz])")
+  ptx.add_argument("--ptxas-version", default="8.8", help="the PTX ISA version this ptxas reads")
+  ptx.add_argument("--out", default="/tmp/kernel_sass", help="where the .ptx, .cubin and .sass go")
   args = ap.parse_args(argv)
-  if args.command == "capture":
+  if args.command == "ptx":
+    for path in args.paths:
+      compile_ptx(path, args.out, args.ptxas_version)
+  elif args.command == "capture":
     capture(args.plan, args.out, kivi=args.kivi, config=json.loads(args.config))
   else:
     for path in args.paths:
