@@ -3,7 +3,7 @@ LLaVA-OneVision-Qwen2-7B in bf16 (issue: end-to-end benchmarks on the H200).
 
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --capacity --sweeps
         [--settings 60x5 20x5 1x100 32x100] [--methods fp16 rtn4 rtn2 kivi2 kivi4 windowquant A B C]
-        [--attention xla pallas] [--steps 32] [--budget-s 450]
+        [--attention xla pallas] [--norms xla pallas] [--steps 32] [--budget-s 450]
     python -m benchmarks.decode_throughput --tiny --capacity --sweeps   # the tests' tiny model, seconds on a CPU
     ... --preset qwen2-vl-7b-instruct   # Qwen2-VL-7B: the same decoder with M-RoPE, 448 px frames (128 tokens)
 
@@ -138,6 +138,7 @@ class Job:
   batch: int
   attention: str
   compiler_options: dict | None = None  # XLA options of this loop's compilation (`--xla-options`)
+  norms: str = "xla"  # the decode step's residual adds and RMS norms: XLA's, or fused ("pallas", `--norms`)
 
 
 # ----------------------------------------------------------------------------- batches from one request
@@ -206,7 +207,7 @@ def compile_all(model, prefilled, jobs: list[Job], steps: int, workers: int) -> 
     cache, logits, positions = batch_inputs(prefilled, job.built, job.batch, abstract=True)
     start = time.perf_counter()
     compiled = generation.decode_call(model, cache, logits, positions, steps=steps, eos_ids=NO_EOS,
-                                      attention=job.attention).compile(job.compiler_options)
+                                      attention=job.attention, norms=job.norms).compile(job.compiler_options)
     return compiled, time.perf_counter() - start
 
   pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1)))
@@ -220,7 +221,7 @@ def time_loop(model, prefilled, job: Job, compiled, steps: int, repeats: int) ->
   cache, logits, positions = jax.block_until_ready(batch_inputs(prefilled, job.built, job.batch))
   in_use = _stat("bytes_in_use")
   call = generation.decode_call(model, cache, logits, positions, steps=steps, eos_ids=NO_EOS,
-                                attention=job.attention)
+                                attention=job.attention, norms=job.norms)
   _, made, _ = jax.block_until_ready(compiled(*call.arrays))
   if int(made) != steps:
     raise RuntimeError(f"the loop made {int(made)} of {steps} tokens")
@@ -389,9 +390,11 @@ def _attentions(method: str, asked: list[str]) -> list[str]:
 def main_rows(model, prefills, built, setting: Setting, args, device, budget, report, workspace) -> None:
   """Times every (method, attention) of a setting; notes each loop's workspace in `workspace`."""
   prefilled = prefills[setting.frames]
-  jobs = [Job({"setting": setting.name, "method": m, "attention": a + (f" [{name}]" if name else "")},
-              built[setting.frames, m], setting.batch, a, options)
+  jobs = [Job({"setting": setting.name, "method": m,
+               "attention": a + (f" [{name}]" if name else "") + (" [pallas norms]" if norms == "pallas" else "")},
+              built[setting.frames, m], setting.batch, a, options, norms)
           for name, options in [("", None), *args.xla_options]
+          for norms in args.norms
           for m in args.methods for a in (["xla"] if m in XLA_ONLY else _attentions(m, args.attention))]
 
   def on_timed(job, t):
@@ -571,6 +574,9 @@ def parse_args(argv=None):
   parser.add_argument("--xla-options", nargs="+", default=[], type=_named_options, metavar="NAME=JSON",
                       help="also time every loop compiled with these XLA options, in the same run, e.g. "
                            "'graphs={\"xla_gpu_graph_min_graph_size\": 1}'; rows say [NAME] after the attention")
+  parser.add_argument("--norms", nargs="+", default=["xla"], choices=["xla", "pallas"],
+                      help="the decode step's residual adds and RMS norms: XLA's, and/or one Pallas launch each "
+                           "(`pallas_kernels.residual_norm`); rows say [pallas norms] after the attention")
   parser.add_argument("--budget-s", type=float, default=1e9, help="start nothing new after this many seconds")
   parser.add_argument("--compile-workers", type=int, default=8)
   parser.add_argument("--memory-gb", type=float, help="device memory for --capacity where the allocator "

@@ -34,6 +34,7 @@ longer than a configured one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import TYPE_CHECKING, Any, Mapping, NamedTuple
 
 import jax
@@ -240,12 +241,16 @@ def out_proj(lp: Params, out: Float[Array, "*B N H"]) -> Float[Array, "*B D"]:
   return y + lp["o"]["b"] if "b" in lp["o"] else y
 
 
-def mlp_block(lp: Params, cfg: Qwen2Config, h: Float[Array, "... D"]) -> Float[Array, "... D"]:
-  x = layers.rms_norm(h, lp["mlp_norm"], cfg.rms_norm_eps)
+def mlp(lp: Params, cfg: Qwen2Config, x: Float[Array, "... D"]) -> Float[Array, "... D"]:
+  """The MLP of a normalized x (what it adds to the residual stream)."""
   act = layers.activation(cfg.hidden_act)
   gate_up = jnp.einsum("...D,DJF->...JF", x, lp["gate_up"]["w"])  # J: gate, up
   y = act(gate_up[..., 0, :]) * gate_up[..., 1, :]
-  return h + jnp.einsum("...F,FD->...D", y, lp["down"]["w"])
+  return jnp.einsum("...F,FD->...D", y, lp["down"]["w"])
+
+
+def mlp_block(lp: Params, cfg: Qwen2Config, h: Float[Array, "... D"]) -> Float[Array, "... D"]:
+  return h + mlp(lp, cfg, layers.rms_norm(h, lp["mlp_norm"], cfg.rms_norm_eps))
 
 
 def layer(
@@ -314,12 +319,19 @@ def decode_step(
     cache: KVCache,
     *,
     implementation: str = "xla",
+    norms: str = "xla",
 ) -> tuple[Float[Array, "B V"], KVCache]:
   """One generated token a request: appends its K/V to every layer and returns float32 logits.
 
   positions are [B] (or [3, B] with M-RoPE); `implementation` names a
-  `wq_jax.attention` decode implementation.
+  `wq_jax.attention` decode implementation. `norms="pallas"`: each residual
+  add and the RMS norm after it in one Pallas launch
+  (`pallas_kernels.residual_norm`), the same values as XLA's ("xla").
   """
+  if norms == "pallas":
+    return _decode_step_fused_norms(params, cfg, tokens, positions, cache, implementation=implementation)
+  if norms != "xla":
+    raise ValueError(f"norms is 'xla' or 'pallas', got {norms!r}")
   cos, sin = rope(cfg, positions[..., None])  # [B, 1, H]
 
   def body(carry, xs):
@@ -338,3 +350,28 @@ def decode_step(
   # matrix-vector products, tripling the bytes a step reads (benchmarks/results/layer_loop_*).
   (h, cache), _ = jax.lax.scan(body, (h, cache), (params["layers"], jnp.arange(cfg.num_layers)), unroll=True)
   return lm_head(params, cfg, final_norm(params, cfg, h)), cache.advance()
+
+
+def _decode_step_fused_norms(params, cfg, tokens, positions, cache, *, implementation):
+  """`decode_step` with each residual add fused with the norm after it: a layer carries the MLP's output
+  to the next one, which adds it as it normalizes (the last one's by the final norm)."""
+  from pallas_kernels import residual_norm
+  add_norm = functools.partial(residual_norm.add_rms_norm, eps=cfg.rms_norm_eps,
+                               interpret=jax.default_backend() == "cpu")
+  cos, sin = rope(cfg, positions[..., None])  # [B, 1, H]
+
+  def body(carry, xs):
+    h, delta, cache = carry
+    lp, l = xs
+    lc = cache.layer(l, stacked=True)
+    h, x = add_norm(h, delta, lp["attn_norm"])
+    q, k, v = project_qkv(lp, cfg, x[:, None], cos, sin)
+    lc = lc.append(k[:, 0], v[:, 0])
+    out = attention.decode_attention(q[:, 0], lc, scale=cfg.head_dim ** -0.5, implementation=implementation)
+    h, x = add_norm(h, out_proj(lp, out), lp["mlp_norm"])
+    return (h, mlp(lp, cfg, x), cache.replace_layer(l, lc)), None
+
+  h = embed(params, tokens)
+  carry = (h, jnp.zeros_like(h), cache)
+  (h, delta, cache), _ = jax.lax.scan(body, carry, (params["layers"], jnp.arange(cfg.num_layers)), unroll=True)
+  return lm_head(params, cfg, add_norm(h, delta, params["norm"])[1]), cache.advance()

@@ -159,3 +159,14 @@ def test_pallas_attention_generates_what_xla_generates(model, videos, method, co
   # step); 16-bit windows and the rest segment stay in the cache's dtype (float32 here).
   tol = 1e-4 if method == "fp16" else 2e-3
   np.testing.assert_allclose(xla.logits, pallas.logits, rtol=tol, atol=tol)
+
+
+def test_fused_norms_generate_what_xla_norms_generate(model, videos):
+  """generate(norms="pallas"): each residual add and RMS norm of the decode step in one Pallas launch."""
+  kw = dict(method="windowquant", config=SMALL_WINDOWS, num_frames=FRAMES, max_new_tokens=6, return_logits=True)
+  plain = wq_jax.generate(model, videos[3], PROMPT, **kw)
+  fused = wq_jax.generate(model, videos[3], PROMPT, norms="pallas", **kw)  # interpret mode on CPU
+  np.testing.assert_array_equal(plain.token_ids, fused.token_ids)
+  np.testing.assert_allclose(plain.logits, fused.logits, rtol=1e-4, atol=1e-4)
+  with pytest.raises(ValueError, match="norms"):
+    wq_jax.generate(model, videos[3], PROMPT, norms="triton", **kw)

@@ -150,13 +150,21 @@ def test_greedy_decode_matches_transformers_for_16_steps(llava_hf, llava_convert
                                num_visual=num_visual, seq_lens=seq_lens, max_new_tokens=steps,
                                window_size=opts.window_size, value_channel_group=opts.value_channel_group,
                                meta_dtype=opts.meta_dtype)
-  step = jax.jit(qwen2.decode_step, static_argnames=("cfg", "implementation"))
-  logits = [out.logits]
-  for i in range(steps - 1):
-    token = jnp.argmax(logits[-1], axis=-1).astype(jnp.int32)
-    position = jnp.full((2,), ids.shape[1] + i, jnp.int32)
-    nxt, cache = step(params["decoder"], cfg.text, token, position, cache)
-    logits.append(nxt)
-  logits = np.stack([np.asarray(x) for x in logits], axis=1)
+  step = jax.jit(qwen2.decode_step, static_argnames=("cfg", "implementation", "norms"))
+
+  def decode(norms, cache):
+    logits = [out.logits]
+    for i in range(steps - 1):
+      token = jnp.argmax(logits[-1], axis=-1).astype(jnp.int32)
+      position = jnp.full((2,), ids.shape[1] + i, jnp.int32)
+      nxt, cache = step(params["decoder"], cfg.text, token, position, cache, norms=norms)
+      logits.append(nxt)
+    return np.stack([np.asarray(x) for x in logits], axis=1)
+
+  logits = decode("xla", cache)
   np.testing.assert_array_equal(logits.argmax(-1), want_tokens)
   _assert_close(logits, want_logits, 1e-3)
+  # Each residual add fused with the norm after it (one Pallas launch; interpret mode here): the same logits
+  fused = decode("pallas", cache)
+  np.testing.assert_array_equal(fused.argmax(-1), want_tokens)
+  np.testing.assert_allclose(fused, logits, rtol=0, atol=1e-4)

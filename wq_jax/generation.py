@@ -58,13 +58,15 @@ class Generation:
 
 def generate(params: Model, video, prompt, *, method: str = "windowquant", config=None,
              num_frames: int | None = None, max_new_tokens: int = 64, attention: str = "xla",
-             return_logits: bool = False, temperature: float = 0.0, top_p: float = 1.0,
+             norms: str = "xla", return_logits: bool = False, temperature: float = 0.0, top_p: float = 1.0,
              seed: int = 0, mesh=None) -> Generation:
   """Answers `prompt` about `video` (a path, uint8 [T, H, W, 3], or a list of frames).
 
   A list of videos with a list of prompts is one batch. `method` is a name from
   `wq_jax.methods.METHODS`, `config` its config (e.g. `WindowQuantConfig`);
-  `attention` a decode-attention implementation ("xla" or "pallas"). With a
+  `attention` a decode-attention implementation ("xla" or "pallas"); `norms`
+  "pallas" fuses each residual add with the RMS norm after it in the decode
+  step (`pallas_kernels.residual_norm`; not with a mesh). With a
   `mesh` (`wq_jax.parallel.data_mesh()`), the batch is split across its 'data'
   axis (padded with copies of the last request, whose results are dropped);
   place the weights once with `wq_jax.parallel.replicate(model, mesh)`.
@@ -74,6 +76,7 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
     raise TypeError("generate takes the Model that wq_jax.load(path) returns")
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+  _check_norms(norms, mesh)  # before the prefill, not after it
   videos, prompts = as_batch(video, prompt)
   videos, prompts, real = parallel.pad_requests(videos, prompts, parallel.data_size(mesh))
   spec, config = methods.resolve(method, config)
@@ -88,7 +91,7 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   start = time.perf_counter()
   tokens, count, step_logits = decode_call(
       model, built.cache, first_logits, next_positions, steps=max_new_tokens, eos_ids=eos, attention=attention,
-      mesh=mesh, seed=seed, temperature=temperature, top_p=top_p, return_logits=return_logits)()
+      norms=norms, mesh=mesh, seed=seed, temperature=temperature, top_p=top_p, return_logits=return_logits)()
   tokens = np.asarray(tokens)[:real]
   timings["decode_s"] = time.perf_counter() - start
   count = int(count)
@@ -196,7 +199,7 @@ def _first_token(first_logits, eos_ids, key, temperature, top_p, *, greedy):
 
 
 def _step(params, cache, rest, prev, i, done, key, eos_ids, next_positions, temperature, top_p, *, cfg,
-          implementation, greedy):
+          implementation, greedy, norms="xla"):
   """Token i of every request from token i - 1: (new rest segment, token, done, key, logits).
 
   Only the rest segment (where the token's K/V go) is an output: the pools are
@@ -207,7 +210,7 @@ def _step(params, cache, rest, prev, i, done, key, eos_ids, next_positions, temp
   pos = next_positions + i - 1
   if cfg.mrope_section is not None:
     pos = jnp.broadcast_to(pos, (3, prev.shape[0]))
-  logits, cache = qwen2.decode_step(params, cfg, prev, pos, cache, implementation=implementation)
+  logits, cache = qwen2.decode_step(params, cfg, prev, pos, cache, implementation=implementation, norms=norms)
   key, sub = jax.random.split(key)
   nxt = jnp.where(done, prev, _pick(logits, sub, temperature, top_p, greedy))
   return (cache.rest_k, cache.rest_v, cache.rest_len), nxt, done | jnp.isin(nxt, eos_ids), key, logits
@@ -216,7 +219,7 @@ def _step(params, cache, rest, prev, i, done, key, eos_ids, next_positions, temp
 # One jitted step a token, called from Python: inside a `lax.while_loop` the same step took 4.8 ms
 # longer on an H200 (7B, batch 1; benchmarks/results/decode_step_parts_b1_t64_whileloop_gpu.md), and the
 # loop's state copied the whole cache. The rest segment is donated from step to step.
-_jitted_step = jax.jit(_step, static_argnames=("cfg", "implementation", "greedy"), donate_argnums=(2,))
+_jitted_step = jax.jit(_step, static_argnames=("cfg", "implementation", "greedy", "norms"), donate_argnums=(2,))
 _EOS_CHECK_EVERY = 8  # steps dispatched between host checks for "every request has ended"
 
 
@@ -226,7 +229,8 @@ class DecodeLoop:
   def __init__(self, static: dict, step=None):
     self.static = static
     self._step = step or functools.partial(_jitted_step, cfg=static["cfg"],
-                                           implementation=static["implementation"], greedy=static["greedy"])
+                                           implementation=static["implementation"], greedy=static["greedy"],
+                                           norms=static["norms"])
 
   def __call__(self, params, cache, first_logits, next_positions, eos_ids, key, temperature, top_p):
     steps, return_logits = self.static["steps"], self.static["return_logits"]
@@ -284,19 +288,28 @@ class DecodeCall(NamedTuple):
             jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.bool_), key, eos_ids,
             next_positions, temperature, top_p)
     args = jax.tree.map(shape, args)
-    compiled = _jitted_step.lower(*args, cfg=self.static["cfg"], implementation=self.static["implementation"],
-                                  greedy=self.static["greedy"]).compile(compiler_options=compiler_options)
+    lowered = _jitted_step.lower(*args, cfg=self.static["cfg"], implementation=self.static["implementation"],
+                                 greedy=self.static["greedy"], norms=self.static["norms"])
+    compiled = lowered.compile(compiler_options=compiler_options)
     return DecodeLoop(self.static, step=compiled)
 
 
+def _check_norms(norms: str, mesh) -> None:
+  if norms not in ("xla", "pallas"):
+    raise ValueError(f"norms is 'xla' or 'pallas', got {norms!r}")
+  if norms == "pallas" and mesh is not None:  # a pallas_call is not partitioned by XLA: it would gather the batch
+    raise ValueError("norms='pallas' runs on one device: not with a mesh")
+
+
 def decode_call(model: Model, cache, first_logits, next_positions, *, steps: int, eos_ids, attention: str = "xla",
-                mesh=None, seed: int = 0, temperature: float = 0.0, top_p: float = 1.0,
+                norms: str = "xla", mesh=None, seed: int = 0, temperature: float = 0.0, top_p: float = 1.0,
                 return_logits: bool = False) -> DecodeCall:
   """`steps` tokens a request from the cache, stopping early once every request has emitted one of `eos_ids`."""
+  _check_norms(norms, mesh)
   arrays = (model.params["decoder"], cache, first_logits, next_positions, jnp.asarray(eos_ids),
             jax.random.PRNGKey(seed), jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p))
   static = {"cfg": model.config.text, "steps": steps, "implementation": _attention_for(attention, mesh),
-            "return_logits": return_logits, "greedy": temperature <= 0}
+            "return_logits": return_logits, "greedy": temperature <= 0, "norms": norms}
   return DecodeCall(arrays, static)
 
 
