@@ -39,6 +39,11 @@ def test_lowers_for_cuda_at_the_7b_width():
   """Triton's lowering takes it on any machine (D = 3,584: seven loads of 512 a pass)."""
   rows = jax.ShapeDtypeStruct((32, 3584), jnp.bfloat16)
   fused = jax.jit(lambda h, d, s: rn.add_rms_norm(h, d, s, 1e-6))
-  text = fused.trace(rows, rows, jax.ShapeDtypeStruct((3584,), jnp.bfloat16)).lower(
-      lowering_platforms=("cuda",)).as_text()
+  traced = fused.trace(rows, rows, jax.ShapeDtypeStruct((3584,), jnp.bfloat16))
+  try:
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+  except RuntimeError as e:  # JAX 0.11's Triton lowering asks for a GPU device (0.10's does not)
+    if "No supported GPU devices" not in str(e):
+      raise
+    pytest.skip("this JAX lowers Pallas Triton kernels only with a GPU")
   assert "triton" in text and "wq_add_rms_norm" in text
