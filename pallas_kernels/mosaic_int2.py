@@ -431,7 +431,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   where the maximum moves (the vote's branch): no fresh accumulator, no add of it and no wait on the V wgmma in
   a step (3.5 % faster, s25; like `defer_values_wgmma`, not in the interpret mode, which cannot store to an
   accumulator). With `dequantize_keys`, `magic_exponents` puts each part's bits under its own exponent for keys
-  and values alike: the scales need no 4^-p (12 f16x2 multiplies a tensor and step fewer; 3 % faster with the
+  and values alike: the scales need no 4^-p (12 f16x2 multiplies a tensor and step fewer; 3.5 % faster with the
   AND-OR as one LOP3, s25). `ldmatrix_metadata`: a step's scales and minimums, where dequantized in registers,
   reach each thread by 4 `ldmatrix` a row instead of 16 loads of a pair (`_metadata_by_ldmatrix`; 48 loads a
   step fewer with `dequantize_keys`; 2 % slower, s25).
@@ -1006,7 +1006,7 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "dequantized_keys_lagged_after": dict(overlap_values=False, dequantize_keys=True, lagged_max=True,
                                           values_scaled_after=True),
     # O^T accumulated in place, rescaled only on a vote, the V wgmma waited for in the next step; and/or magic
-    # exponents (no 4^-p on the scales): 3.5 / 3 / 5 % faster at batch 32-60 (s25, `mosaic_int2_s25_lop3_h200.md`)
+    # exponents (no 4^-p on the scales): 3 / 3.5 / 5 % faster at batch 32-60 (s25, `mosaic_int2_s25_lop3_h200.md`)
     "values_first_wg4_keys_lagged_in_place": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
                                                   lagged_max=True, in_place_values=True),
     "values_first_wg4_keys_lagged_magic": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
