@@ -51,6 +51,13 @@ def rms_norm(x: Float[Array, "... D"], scale: Float[Array, "D"], eps: float) -> 
   return scale * y.astype(x.dtype)
 
 
+def add_rms_norm(h: Float[Array, "... D"], delta: Float[Array, "... D"], scale: Float[Array, "D"],
+                 eps: float) -> tuple[Float[Array, "... D"], Float[Array, "... D"]]:
+  """(h + delta, its RMS norm times scale): a residual add and the norm after it."""
+  total = h + delta
+  return total, rms_norm(total, scale, eps)
+
+
 def layer_norm(p: Params, x: Float[Array, "... D"], eps: float) -> Float[Array, "... D"]:
   x32 = x.astype(jnp.float32)
   mean = jnp.mean(x32, axis=-1, keepdims=True)

@@ -329,49 +329,31 @@ def decode_step(
   (`pallas_kernels.residual_norm`), the same values as XLA's ("xla").
   """
   if norms == "pallas":
-    return _decode_step_fused_norms(params, cfg, tokens, positions, cache, implementation=implementation)
-  if norms != "xla":
+    from pallas_kernels import residual_norm
+    add_norm = functools.partial(residual_norm.add_rms_norm, interpret=jax.default_backend() == "cpu")
+  elif norms == "xla":
+    add_norm = layers.add_rms_norm
+  else:
     raise ValueError(f"norms is 'xla' or 'pallas', got {norms!r}")
   cos, sin = rope(cfg, positions[..., None])  # [B, 1, H]
 
-  def body(carry, xs):
-    h, cache = carry
-    lp, l = xs
-    lc = cache.layer(l, stacked=True)
-    x = layers.rms_norm(h[:, None], lp["attn_norm"], cfg.rms_norm_eps)
-    q, k, v = project_qkv(lp, cfg, x, cos, sin)
-    lc = lc.append(k[:, 0], v[:, 0])
-    out = attention.decode_attention(q[:, 0], lc, scale=cfg.head_dim ** -0.5, implementation=implementation)
-    h = mlp_block(lp, cfg, h + out_proj(lp, out))
-    return (h, cache.replace_layer(l, lc)), None
-
-  h = embed(params, tokens)
-  # Unrolled: in a rolled loop XLA copies each layer's slice of the stacked weights before its
-  # matrix-vector products, tripling the bytes a step reads (benchmarks/results/layer_loop_*).
-  (h, cache), _ = jax.lax.scan(body, (h, cache), (params["layers"], jnp.arange(cfg.num_layers)), unroll=True)
-  return lm_head(params, cfg, final_norm(params, cfg, h)), cache.advance()
-
-
-def _decode_step_fused_norms(params, cfg, tokens, positions, cache, *, implementation):
-  """`decode_step` with each residual add fused with the norm after it: a layer carries the MLP's output
-  to the next one, which adds it as it normalizes (the last one's by the final norm)."""
-  from pallas_kernels import residual_norm
-  add_norm = functools.partial(residual_norm.add_rms_norm, eps=cfg.rms_norm_eps,
-                               interpret=jax.default_backend() == "cpu")
-  cos, sin = rope(cfg, positions[..., None])  # [B, 1, H]
-
+  # A layer carries its MLP's output to the next one, which adds it to the residual stream as it normalizes
+  # (the last layer's by the final norm): each add and the norm after it are one `add_norm`.
   def body(carry, xs):
     h, delta, cache = carry
     lp, l = xs
     lc = cache.layer(l, stacked=True)
-    h, x = add_norm(h, delta, lp["attn_norm"])
+    h, x = add_norm(h, delta, lp["attn_norm"], cfg.rms_norm_eps)
     q, k, v = project_qkv(lp, cfg, x[:, None], cos, sin)
     lc = lc.append(k[:, 0], v[:, 0])
     out = attention.decode_attention(q[:, 0], lc, scale=cfg.head_dim ** -0.5, implementation=implementation)
-    h, x = add_norm(h, out_proj(lp, out), lp["mlp_norm"])
+    h, x = add_norm(h, out_proj(lp, out), lp["mlp_norm"], cfg.rms_norm_eps)
     return (h, mlp(lp, cfg, x), cache.replace_layer(l, lc)), None
 
   h = embed(params, tokens)
+  # Unrolled: in a rolled loop XLA copies each layer's slice of the stacked weights before its
+  # matrix-vector products, tripling the bytes a step reads (benchmarks/results/layer_loop_*).
+  # (Unrolled, the first layer's add of zeros folds away, and XLA sees the same dataflow as add-then-norm.)
   carry = (h, jnp.zeros_like(h), cache)
   (h, delta, cache), _ = jax.lax.scan(body, carry, (params["layers"], jnp.arange(cfg.num_layers)), unroll=True)
-  return lm_head(params, cfg, add_norm(h, delta, params["norm"])[1]), cache.advance()
+  return lm_head(params, cfg, add_norm(h, delta, params["norm"], cfg.rms_norm_eps)[1]), cache.advance()
