@@ -129,18 +129,34 @@ def compile_ttir(path: str, num_warps: int | None = None, num_stages: int | None
   cubin = path + ".cubin"
   with open(cubin, "wb") as f:
     f.write(kernel.asm["cubin"])
-  tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-  cuobjdump = os.path.join(tools, "cuobjdump")
-  sass = subprocess.run([cuobjdump, "-sass", cubin], capture_output=True, text=True, check=True).stdout
-  with open(path + ".sass", "w") as f:
-    f.write(sass)
-  usage = subprocess.run([cuobjdump, "-res-usage", cubin], capture_output=True, text=True, check=True).stdout
+  sass = _sass_of(cubin, path + ".sass")
+  usage = subprocess.run([_triton_tool("cuobjdump"), "-res-usage", cubin], capture_output=True, text=True,
+                         check=True).stdout
   registers = re.search(r"REG:(\d+)", usage)
   # Shared memory a program (pipeline buffers and layout-conversion scratch) is what caps programs an SM
   # once registers allow more (ncu, H200: 71.7 KB a program, 3 an SM, at 128 registers).
   shared = kernel.metadata.shared if hasattr(kernel.metadata, "shared") else "?"
   print(f"{path}: {warps} warps, {stages} stages, {registers.group(1) if registers else '?'} registers a thread, "
         f"{shared} bytes of shared memory")
+  _print_loops(sass)
+
+
+def _triton_tool(name: str) -> str:
+  """A CUDA tool pip's triton ships (ptxas, cuobjdump)."""
+  import triton
+  return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", name)
+
+
+def _sass_of(cubin: str, out: str) -> str:
+  """The cubin's SASS, also written to `out`."""
+  sass = subprocess.run([_triton_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True,
+                        check=True).stdout
+  with open(out, "w") as f:
+    f.write(sass)
+  return sass
+
+
+def _print_loops(sass: str) -> None:
   for start, end, ops in loops(sass):
     top = ", ".join(f"{k} {v}" for k, v in ops.most_common(14))
     print(f"  loop {start:#x}-{end:#x}: {sum(ops.values())} instructions ({top})")
@@ -157,28 +173,20 @@ def compile_ptx(path: str, out: str = "/tmp/kernel_sass", ptxas_version: str = "
   compiled for sm_90a with pip triton's ptxas: registers, spills, and each loop's SASS count and opcodes."""
   import gzip
 
-  import triton
-
   from benchmarks.ptx_loop_registers import ptx_of
   opener = gzip.open if path.endswith(".gz") else open
   with opener(path, "rt", errors="replace") as f:
     ptx = ptx_for(ptx_of(f.read()), ptxas_version)
   os.makedirs(out, exist_ok=True)
   stem = os.path.join(out, re.sub(r"(\.log|\.ptx)?(\.gz)?$", "", os.path.basename(path)))
-  tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
   with open(stem + ".ptx", "w") as f:
     f.write(ptx)
-  report = subprocess.run([os.path.join(tools, "ptxas"), "-arch=sm_90a", "-O3", "-v", stem + ".ptx", "-o",
-                           stem + ".cubin"], capture_output=True, text=True, check=True).stderr
-  sass = subprocess.run([os.path.join(tools, "cuobjdump"), "-sass", stem + ".cubin"], capture_output=True,
-                        text=True, check=True).stdout
-  with open(stem + ".sass", "w") as f:
-    f.write(sass)
+  report = subprocess.run([_triton_tool("ptxas"), "-arch=sm_90a", "-O3", "-v", stem + ".ptx", "-o", stem + ".cubin"],
+                          capture_output=True, text=True, check=True).stderr
+  sass = _sass_of(stem + ".cubin", stem + ".sass")
   print(path + ":", "; ".join(line.split(":", 1)[-1].strip() for line in report.splitlines()
                               if "Used" in line or "spill" in line))
-  for start, end, ops in loops(sass):
-    top = ", ".join(f"{k} {v}" for k, v in ops.most_common(14))
-    print(f"  loop {start:#x}-{end:#x}: {sum(ops.values())} instructions ({top})")
+  _print_loops(sass)
 
 
 def main(argv=None):

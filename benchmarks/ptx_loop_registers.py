@@ -91,7 +91,7 @@ def loop_opcodes(text: str) -> dict[str, int]:
 
 
 def ptx_of(text: str) -> str:
-  """The PTX in `text`: from its `.version` line to the closing brace of its last kernel (a program's log
+  """The PTX in `text`: from its `.version` line to the closing brace of its first kernel (a program's log
   may hold the PTX among other output), or the text itself where it has no `.version`."""
   start = text.find(".version")
   if start < 0:

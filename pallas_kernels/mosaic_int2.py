@@ -28,8 +28,9 @@ data, each split's trip count follows it) in a launch of its own, merged with th
 partials; one layer at batch 8 x 32k, mixed plan, 150 µs against 158. In the 7B step at 32 x 100 (session
 22) its launches take 5.26 ms a step against the Triton launch's 5.95, but the XLA bias around them 0.87
 ms more: hence `dequantize_keys` (no bias) and `lagged_max` (one barrier a step, 8-10 % faster, session 23).
-With four warpgroups a CTA (`values_first_wg4_keys_lagged`) it is what `"pallas"` runs at large batches: 277
-µs against Triton's 346 at batch 32 x 32k, and the 7B step at 32 x 100 in 9.98 ms against 10.87 (session 24).
+With four warpgroups a CTA, O^T in place, magic exponents and ex2.approx.ftz (`wg4_large_batch_ftz`, at least
+4 splits) it is what `"pallas"` runs at large batches: 251 µs against Triton's 344 at batch 32 x 32k, and the
+7B step at 32 x 100 in 9.33 ms against fp16's 13.26 (session 25).
 
 Layouts: codes [N, T, H/4] uint8 packed "split" style (byte j holds channels j, j + 32, j + 64, j + 96 at
 bits 0, 2, 4, 6), scales and minimums [N, T/32, H] f16, N = batch * KV heads. Scores are base 2 (q carries
