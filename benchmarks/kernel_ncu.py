@@ -34,7 +34,7 @@ SECTIONS = ["SpeedOfLight", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats"
             "SchedulerStats", "InstructionStats", "SourceCounters", "ComputeWorkloadAnalysis"]
 
 
-def call(plan: str, batch: int, tokens: int, variant: str) -> None:
+def call(plan: str, batch: int, tokens: int, variant: str, splits: int = 8) -> None:
   import jax
 
   from benchmarks import decode_attention as da
@@ -43,8 +43,9 @@ def call(plan: str, batch: int, tokens: int, variant: str) -> None:
   if plan == "mosaic_int2":  # the Mosaic GPU INT2 kernel (JAX >= 0.11) on one INT2 pool of `tokens`
     from benchmarks import mosaic_int2_bench as mb
     pairs = batch * da.KV_HEADS
-    out = mb.attend(mb.scaled_queries(jax.random.fold_in(key, 1), pairs), *mb.int2_pool(key, pairs, tokens),
-                    splits=8, variant="fast" if variant == "default" else variant)
+    variant = "fast" if variant == "default" else variant
+    out = mb.attend(mb.scaled_queries(jax.random.fold_in(key, 1), pairs),
+                    *mb.kernel_pool(mb.int2_pool(key, pairs, tokens), variant), splits=splits, variant=variant)
     print(plan, batch, tokens, variant, "finite:", bool(jax.numpy.isfinite(out).all()))
     return
   c = da.synthetic_cache(key, batch, tokens, plan)
@@ -76,7 +77,7 @@ def profile(args) -> None:
     cmd = [ncu, "--clock-control", "none", "--kernel-name", f"regex:{args.kernel}", "--launch-count", "4",
            "-f", "-o", str(rep), *[a for s in SECTIONS for a in ("--section", s)],
            "--import-source", "no", sys.executable, __file__, "call", "--plan", plan, "--batch", str(args.batch),
-           "--tokens", str(args.tokens), "--variant", args.variant]
+           "--tokens", str(args.tokens), "--variant", args.variant, "--splits", str(args.splits)]
     log.append("$ " + " ".join(cmd))
     r = subprocess.run(cmd, capture_output=True, text=True)
     log += [r.stdout[-3000:], r.stderr[-3000:]]
@@ -105,6 +106,15 @@ _DETAILS = ["Duration", "SM Frequency", "DRAM Throughput", "L1/TEX Cache Through
             "Executed Instructions"]
 
 
+# raw-page metrics that say whether shared memory's data pipe (wavefronts), its request queue or the
+# register write-back is what the L1/TEX throughput counts as busy
+_SHARED_PIPE = ["l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed",
+                "l1tex__lsuin_requests.avg.pct_of_peak_sustained_elapsed",
+                "l1tex__lsu_writeback_active.avg.pct_of_peak_sustained_elapsed",
+                "l1tex__data_bank_reads.avg.pct_of_peak_sustained_elapsed",
+                "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed"]
+
+
 def summarize(prefix: str) -> str:
   """Markdown of one profiled launch (the first of the report): its key metrics, why warps stalled, and
   the SASS opcodes by executed instructions and stall samples, overall and in the hottest loop."""
@@ -118,6 +128,8 @@ def summarize(prefix: str) -> str:
       seen[r["Metric Name"]] = f"{r['Metric Value']} {r['Metric Unit']}".strip()
   lines += [f"| {k} | {seen[k]} |" for k in _DETAILS if k in seen]
   raw = list(csv.reader(open(f"{prefix}_raw.csv")))
+  shared = {h: v for h, v in zip(raw[0], raw[2]) if h in _SHARED_PIPE}  # which part of the L1/TEX is busy
+  lines += [f"| {h.split('.')[0]} (% of peak) | {_number(shared[h]):.1f} |" for h in _SHARED_PIPE if h in shared]
   stalls = {h.split("smsp__average_warps_issue_stalled_")[1].split("_per_issue")[0]: _number(v)
             for h, v in zip(raw[0], raw[2]) if h.startswith("smsp__average_warps_issue_stalled_")
             and h.endswith("per_issue_active.ratio")}
@@ -146,6 +158,19 @@ def summarize(prefix: str) -> str:
     return out
 
   lines += table(range(len(body)), f"All {sum(executed):,.0f} warp-instructions by opcode:")
+  if "L1 Wavefronts Shared" in header:  # what keeps the shared-memory data pipe busy, by instruction
+    wavefronts, issued = collections.Counter(), collections.Counter()
+    for i, r in enumerate(body):
+      n = _number(r[header["L1 Wavefronts Shared"]])
+      if n:
+        op = re.sub(r"^@!?U?P\w+\s+", "", r[header["Source"]].strip()).split(" ")[0]  # with its suffixes
+        wavefronts[op] += n
+        issued[op] += executed[i]
+    total = sum(wavefronts.values()) or 1
+    lines += ["", f"Shared-memory wavefronts ({total:,.0f}) by instruction, and per hottest-loop iteration:", "",
+              "| instruction | % wavefronts | a loop iteration | wavefronts an instruction |", "|---|---:|---:|---:|"]
+    lines += [f"| {op} | {100 * n / total:.1f} | {n / hot:.1f} | {n / issued[op]:.2f} |"
+              for op, n in wavefronts.most_common(12)]
   lines += table(loop, f"The hottest loop: {len(loop)} SASS instructions, each executed {hot:,.0f} times "
                        f"({100 * hot * len(loop) / sum(executed):.0f} % of all):")
   return "\n".join(lines) + "\n"
@@ -162,6 +187,7 @@ def main(argv=None):
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--tokens", type=int, default=32768)
     p.add_argument("--variant", default="default", help="a name of decode_attention.VARIANTS")
+    p.add_argument("--splits", type=int, default=8, help="the Mosaic kernel's splits a pair (mosaic_int2 plan)")
     if name == "call":
       p.add_argument("--plan", default="mix")
     else:
@@ -175,7 +201,7 @@ def main(argv=None):
       Path(args.out).write_text(text)
     print(text)
   elif args.mode == "call":
-    call(args.plan, args.batch, args.tokens, args.variant)
+    call(args.plan, args.batch, args.tokens, args.variant, args.splits)
   else:
     profile(args)
 
