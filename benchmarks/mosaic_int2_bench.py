@@ -38,6 +38,13 @@ def attend(q, *pool, splits, variant="fast"):
   return mi.attend(q, *pool, splits=splits, interpret=INTERPRET, options=tuple(VARIANTS[variant].items()))
 
 
+def kernel_pool(pool, variant: str):
+  """The pool as `variant` reads it: its scales and minimums in `mosaic_int2.thread_order` where it says so."""
+  if not VARIANTS[variant].get("metadata_in_thread_order"):
+    return pool
+  return tuple(mi.thread_order(x) if i in (1, 2, 4, 5) else x for i, x in enumerate(pool))
+
+
 def int2_pool(key, pairs: int, tokens: int, bits: int = 2):
   """Random INT2 (or INT4) keys and values [pairs, tokens, 32 (64)] with per-window f16 scales and minimums."""
   keys = jax.random.split(key, 6)
@@ -64,7 +71,7 @@ def check(pairs, tokens, splits, key, subset=None, variant="fast", rising=False,
     rise = rise.at[len(rise) * 2 // 3].set(60.0)
     direction = q[:, 0] / (q[:, 0] ** 2).sum(axis=1, keepdims=True)  # q_0 . direction = 1
     pool = (*pool[:2], (pool[2] + rise[None, :, None] * direction[:, None, :]).astype(jnp.float16), *pool[3:])
-  out = np.asarray(attend(q, *pool, splits=splits, variant=variant))
+  out = np.asarray(attend(q, *kernel_pool(pool, variant), splits=splits, variant=variant))
   take = slice(None) if subset is None else slice(0, subset)
   want = mi.reference(np.asarray(q)[take], *(np.asarray(x)[take] for x in pool))
   return float(np.abs(out[take] - want).max())
@@ -86,7 +93,7 @@ def _timed(fn, inputs, queries, nbytes: int) -> dict:
 
 def time_mosaic(batch, tokens, splits, key, variant, bits=2):
   pairs = batch * da.KV_HEADS
-  pool0 = int2_pool(key, pairs, tokens, bits)
+  pool0 = kernel_pool(int2_pool(key, pairs, tokens, bits), variant)
   nbytes = sum(x.nbytes for x in pool0)
   inner = da.inner_calls(nbytes)
   pools = [pool0] + da.copies(lambda i: _distinct(pool0, i), nbytes, inner)[1:]

@@ -188,6 +188,35 @@ def _metadata_by_ldmatrix(ref, window, i32):
   return pairs
 
 
+def thread_order(x, axis: int = -1):
+  """Window metadata (scales or minimums, [..., H] with H = 128) in the order `metadata_in_thread_order` reads:
+  within each part's 32 channels 32p + 8g + 2l + e (g: the 8-channel group, l = lane % 4, e: the pair's half),
+  the f16 at 32p + 8l + 2g + e. The pairs of a 4 x 4 block swap places, so the order is its own inverse: a
+  thread's 4 pairs of a part become 16 contiguous bytes, one `ld.shared.v4` where pair loads took four."""
+  pair = np.arange(HEAD_DIM // 2).reshape(HEAD_DIM // 32, 4, 4).transpose(0, 2, 1).reshape(-1)
+  order = np.stack([2 * pair, 2 * pair + 1], axis=-1).reshape(-1)
+  return jnp.take(x, order, axis=axis) if isinstance(x, jax.Array) else np.take(x, order, axis=axis)
+
+
+def _metadata_in_thread_order(ref, window, part, lane_pair, i32):
+  """A [2, H] f16 ref in `thread_order` -> the 4 pairs (i32 registers) of `part` the thread needs (its column
+  groups g = 0..3, channels 32 part + 8g + 2 (lane % 4)) of row `window`: one 16-byte load. The 4 lanes of a
+  row read 64 contiguous bytes, the same for every row group of a warp (whose rows lie in one window): one
+  shared-memory wavefront a warp where 4 pair loads took 4."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm
+
+  c = lambda v: arith.constant(i32, v)
+  base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref))
+  address = arith.addi(arith.addi(base, arith.muli(window, c(2 * HEAD_DIM))), c(64 * part))
+  address = arith.addi(address, arith.muli(lane_pair, c(16)))
+  quad = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
+  loaded = llvm.inline_asm(quad, [address], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
+                           has_side_effects=True)  # not moved above the TMA's barrier wait
+  return [llvm.extractvalue(i32, loaded, [i]) for i in range(4)]
+
+
 def _static_column_groups(codes) -> list[int]:
   """For each register of `codes` (WGMMA layout), the 8-column group of its first code: the register's column
   is 2 (lane % 4) + 8 x this (the lane's part is dynamic, the rest static; see TiledLayout.thread_idxs)."""
@@ -200,7 +229,7 @@ def _static_column_groups(codes) -> list[int]:
 
 
 def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic_exponents=False,
-                    parts=None, bits=2, ldmatrix_metadata=False):
+                    parts=None, bits=2, ldmatrix_metadata=False, metadata_in_thread_order=False):
   """codes [64, 32] uint8 in the WGMMA layout (two codes of a row a register) -> 4 f16 [64, 32] in the WGMMA
   layout: part p is 4^p times the codes (keys; the codes themselves with `magic_exponents`), or, given a
   [2, H] scale and minimum (values), the dequantized values of channels 32p + column, with token t's window
@@ -213,6 +242,8 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
   With `magic_exponents` the permute leaves the high bytes zero and part p's bits go under the exponent of
   2^(10 - 2p), whose mantissa bit 2p is worth 1 (one AND-OR, the Triton kernel's trick): the subtract then
   leaves c itself, and neither q nor the values' scales carry 4^-p. `parts`: which of them to return.
+  `metadata_in_thread_order`: the scales and minimums are in `thread_order`, and a part's 4 pairs of each come
+  by one 16-byte load (`_metadata_in_thread_order`; INT2 only).
   """
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -238,16 +269,23 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
     magic = [mgpu.utils.bitcast(const(0x10001 * c[2]), half2) for c in constants]
     registers = {part: np.empty_like(codes.registers) for part in parts}
     indices = list(codes.layout.thread_idxs(codes.shape))
-    if values and ldmatrix_metadata:  # a thread's rows lie in one window (a warp's 16 of 64 tokens)
+    if values and (ldmatrix_metadata or metadata_in_thread_order):  # a thread's rows lie in one window
       window = arith.index_cast(i32, arith.divui(indices[0][0], arith.constant(ir.IndexType.get(), WINDOW)))
-      loaded = [[mgpu.utils.bitcast(x, half2) for x in _metadata_by_ldmatrix(ref, window, i32)] for ref in refs]
       groups = _static_column_groups(codes)
       chunks = width // 8  # 8-channel chunks a part
+    if values and ldmatrix_metadata:  # (a warp's 16 of 64 tokens)
+      loaded = [[mgpu.utils.bitcast(x, half2) for x in _metadata_by_ldmatrix(ref, window, i32)] for ref in refs]
+    if values and metadata_in_thread_order:
+      assert bits == 2 and chunks == 4, "thread order: INT2's 4 column groups a part"
+      lane_pair = arith.andi(mgpu.utils.thread_idx(), const(3))
+      loaded = [[mgpu.utils.bitcast(x, half2) if part in parts else None for part in range(8 // bits)
+                 for x in (_metadata_in_thread_order(ref, window, part, lane_pair, i32) if part in parts
+                           else [None] * 4)] for ref in refs]
     for n, ((idx, reg), (row, col)) in enumerate(zip(np.ndenumerate(codes.registers), indices)):
       pair = arith.extui(i32, mgpu.utils.bitcast(reg, i16))
       high = "0" if magic_exponents else "0x64646464"  # the high byte of each half: zero, or 1024's
       spread = llvm.inline_asm(i32, [pair], f"prmt.b32 $0, $1, {high}, 0x4140;", "=r,r")
-      if values and not ldmatrix_metadata:
+      if values and not (ldmatrix_metadata or metadata_in_thread_order):
         window = arith.divui(row, arith.constant(ir.IndexType.get(), WINDOW))
       for part in parts:
         mask, exponent, _ = constants[part]
@@ -258,7 +296,7 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
           kept = arith.andi(spread, const(0x10001 * mask))
         x = arith.subf(mgpu.utils.bitcast(kept, half2), magic[part])
         if values:
-          if ldmatrix_metadata:
+          if ldmatrix_metadata or metadata_in_thread_order:
             scale, minimum = (pairs[chunks * part + groups[n]] for pairs in loaded)
           else:
             channel = arith.addi(col, arith.constant(ir.IndexType.get(), width * part))
@@ -276,6 +314,117 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
                  for p in parts)
 
   return unpack(codes, scale_ref, minimum_ref) if values else unpack(codes)
+
+
+def value_row_channels() -> np.ndarray:
+  """`values_in_registers`: the channel of each row of O^T (and of the V^T operand). Row 16w + j + 8h + 64m
+  (w: the warp, j = lane // 4, h and m: the register's half and M tile, as the WGMMA layout places them) holds
+  channel b + 32 (2m + h) with b = 8w + j: the four rows of a thread are the four parts of one byte column b
+  of the codes, so that each of its tokens is one byte."""
+  row = np.arange(HEAD_DIM)
+  column = 8 * ((row % STEP) // 16) + row % 8
+  return column + 32 * (2 * (row // STEP) + (row % 16) // 8)
+
+
+def _values_transposed(codes_ref, scale_ref, minimum_ref):
+  """A step's values as the V wgmma's register operand: V^T f16 [128, 64] (WGMMA layout), row r channel
+  `value_row_channels()[r]`, column t token t, from the codes [64, 32] (uint8, 32-byte swizzle) and the [2, H]
+  scales and minimums. A thread holds byte column b = 8w + lane // 4 of 16 tokens (2 (lane % 4) + 8i and the
+  next): a byte a token (`ld.shared.u8`), two tokens' bytes under one `prmt`, then per part the magic exponents'
+  LOP3, the subtraction and one f16x2 fma with the window's scale and minimum (both halves one channel and
+  window: 16 loads of one f16 a thread a step, where the WGMMA layout of the codes takes 32 of a pair). No
+  stores of V to shared memory and no V reads by the wgmma: they were 40 % of the kernel's shared-memory
+  wavefronts (ncu, s26). Magic exponents, INT2."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm, memref, vector
+
+  wgmma = plgpu.Layout.WGMMA
+  shape = (HEAD_DIM, STEP)
+
+  codes_type = plgpu.RefType((plgpu.TilingTransform((8, HEAD_DIM // 4)), plgpu.SwizzleTransform(HEAD_DIM // 4)))
+
+  @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()),
+                     return_type=plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=wgmma))
+  def unpack(ctx, codes, scales, minimums):
+    del ctx
+    i32, index = ir.IntegerType.get_signless(32), ir.IndexType.get()
+    half2 = ir.VectorType.get((2,), ir.F16Type.get())
+    c = lambda v: arith.constant(i32, v)
+    thread = mgpu.utils.thread_idx()
+    lane = arith.andi(thread, c(31))
+    column = arith.addi(arith.muli(arith.andi(arith.shrui(thread, c(5)), c(3)), c(8)), arith.shrui(lane, c(2)))
+    first_token = arith.muli(arith.andi(lane, c(3)), c(2))
+    base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
+    constants = [part_constants(p, True) for p in range(4)]
+    magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
+    channel = lambda part: arith.index_cast(index, arith.addi(column, c(32 * part)))
+    refs, metadata = (scales, minimums), {}  # (ref, window, part) -> the f16 in both halves
+
+    def broadcast(which, window, part):
+      if (which, window, part) not in metadata:
+        value = memref.load(refs[which], [arith.constant(index, window), channel(part)])
+        metadata[which, window, part] = vector.broadcast(half2, value)
+      return metadata[which, window, part]
+
+    def code_byte(token_offset):  # byte `column` of token first_token + token_offset (32-byte swizzle)
+      offset = arith.addi(arith.muli(arith.addi(first_token, c(token_offset)), c(32)), column)
+      offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(16)))
+      return llvm.inline_asm(i32, [arith.addi(base, offset)], "ld.shared.u8 $0, [$1];", "=r,r",
+                             has_side_effects=True)  # not moved above the TMA's barrier wait
+    spread = {}  # token offset -> the two tokens' bytes, each in the low byte of its half
+    strides = mgpu.WGMMA_LAYOUT.tiling.tile_strides(tuple(mgpu.utils.get_contiguous_strides(shape)))
+    registers = np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object)
+    for idx in np.ndindex(registers.shape):
+      row, token = divmod(sum(i * s for i, s in zip(idx, strides)), STEP)  # the register's static offsets
+      part, window = 2 * (row // STEP) + (row % STEP) // 8, token // WINDOW
+      if token not in spread:
+        spread[token] = llvm.inline_asm(i32, [code_byte(token), code_byte(token + 1)],
+                                        "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r")
+      mask, exponent, _ = constants[part]
+      kept = llvm.inline_asm(i32, [spread[token], c(0x10001 * mask), c(0x10001 * exponent)],
+                             "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r")
+      x = arith.subf(mgpu.utils.bitcast(kept, half2), magic[part])
+      registers[idx] = llvm.inline_asm(half2, [x, broadcast(0, window, part), broadcast(1, window, part)],
+                                       "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
+    return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+
+  return unpack(codes_ref, scale_ref, minimum_ref)
+
+
+def _store_in_channel_order(o_t, o_ref):
+  """O^T f32 [128, 16] (WGMMA layout) whose rows are channels in `value_row_channels` order -> o_ref (a plain
+  [128, 16] f32 buffer in shared memory) in channel order: each register pair to its channel's row (8 stores of
+  8 bytes a thread), so that no pass after the kernel puts them back."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm, vector
+
+  shape = (HEAD_DIM, COLUMNS)
+
+  @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.RefType()))
+  def store(ctx, o_t, o_ref):
+    del ctx
+    i32 = ir.IntegerType.get_signless(32)
+    c = lambda v: arith.constant(i32, v)
+    thread = mgpu.utils.thread_idx()
+    lane = arith.andi(thread, c(31))
+    column = arith.addi(arith.muli(arith.andi(arith.shrui(thread, c(5)), c(3)), c(8)), arith.shrui(lane, c(2)))
+    first_column = arith.muli(arith.andi(lane, c(3)), c(2))
+    base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(o_ref))
+    strides = mgpu.WGMMA_LAYOUT.tiling.tile_strides(tuple(mgpu.utils.get_contiguous_strides(shape)))
+    for idx, pair in np.ndenumerate(o_t.registers):
+      row, col = divmod(sum(i * s for i, s in zip(idx, strides)), COLUMNS)  # the register's static offsets
+      channel = arith.addi(column, c(32 * (2 * (row // STEP) + (row % STEP) // 8)))
+      element = arith.addi(arith.muli(channel, c(COLUMNS)), arith.addi(first_column, c(col)))
+      x, y = (vector.extract(pair, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([k]))
+              for k in range(2))
+      llvm.inline_asm(ir.Type.parse("!llvm.void"), [arith.addi(base, arith.muli(element, c(4))), x, y],
+                      "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f", has_side_effects=True)
+
+  store(o_t, o_ref)
 
 
 LAG_MARGIN = 8.0  # `lagged_max`: scores may exceed the agreed maximum by this much (base 2): P <= 256
@@ -379,6 +528,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 bias_in_kernel: bool = False, dequantize_keys: bool = False, lagged_max: bool = False,
                 steps_per_block: int = 1, warpgroups: int = 1, grid_dependency_wait: bool = False,
                 values_scaled_after: bool = False, in_place_values: bool = False, ldmatrix_metadata: bool = False,
+                metadata_in_thread_order: bool = False, values_in_registers: bool = False,
                 max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
@@ -435,7 +585,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   and values alike: the scales need no 4^-p (12 f16x2 multiplies a tensor and step fewer; 3.5 % faster with the
   AND-OR as one LOP3, s25). `ldmatrix_metadata`: a step's scales and minimums, where dequantized in registers,
   reach each thread by 4 `ldmatrix` a row instead of 16 loads of a pair (`_metadata_by_ldmatrix`; 48 loads a
-  step fewer with `dequantize_keys`; 2 % slower, s25).
+  step fewer with `dequantize_keys`; 2 % slower, s25). `metadata_in_thread_order`: k_scale, k_bias (the key
+  minimums: with `dequantize_keys` only), v_scale and v_min come in `thread_order`, and a part's 4 pairs of each
+  reach a thread by one 16-byte load where pair loads took 4 (the metadata's pair loads were ~40 % of the
+  shared-memory wavefronts, and shared memory 85 % busy: ncu, s26). The interpret mode puts them back in order
+  and takes the plain path. `values_in_registers`: the V wgmma takes V^T from registers (`_values_transposed`),
+  not from a buffer the values were stored to: its rows (O^T's) are channels in `value_row_channels` order, put
+  back as O^T is stored (`_store_in_channel_order`); dequantized while the score wgmma runs with `overlap_values`, else after it is waited
+  for (magic exponents, INT2; the interpret mode takes the shared-memory path).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -462,6 +619,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError("magic_exponents are INT2's")
   if dequantize_keys and (bias_in_kernel or keys_in_smem):
     raise ValueError("dequantize_keys adds no bias: not with bias_in_kernel or keys_in_smem")
+  if metadata_in_thread_order and not (dequantize_keys and bits == 2 and not values_scaled_after):
+    raise ValueError("metadata_in_thread_order: INT2 with dequantize_keys (the scales read where dequantized)")
+  if values_in_registers and not (magic_exponents and bits == 2 and not (values_scaled_after or defer_values_wgmma
+                                                                          or metadata_in_thread_order)):
+    raise ValueError("values_in_registers: INT2 with magic_exponents, not with values_scaled_after, "
+                     "defer_values_wgmma or metadata_in_thread_order")
+  if metadata_in_thread_order and interpret is not None:  # the plain path reads them in channel order
+    k_scale, k_bias, v_scale, v_min = (thread_order(x) for x in (k_scale, k_bias, v_scale, v_min))
   if in_place_values and (defer_values_wgmma or values_scaled_after):
     raise ValueError("in_place_values: one V buffer, not with defer_values_wgmma or values_scaled_after")
   if bias_in_kernel:
@@ -486,6 +651,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   layout = plgpu.Layout
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
   magic = fast and magic_exponents
+  transposed_values = fast and values_in_registers  # V^T in registers (the interpret mode: through v_s)
   defer = defer_values_wgmma and interpret is None
   slots = 2 if defer else 1
   in_place = defer or (in_place_values and interpret is None)  # O^T in a wgmma accumulator across steps
@@ -624,7 +790,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
       if fast:
         return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma,
-                               magic_exponents=magic, bits=bits, ldmatrix_metadata=ldmatrix_metadata)
+                               magic_exponents=magic, bits=bits, ldmatrix_metadata=ldmatrix_metadata,
+                               metadata_in_thread_order=metadata_in_thread_order)
       codes = plgpu.load(kc_s, layout=layout.WGMMA_UPCAST_2X)
       return [plain_dequantized(codes, ks_s, km_s, part) for part in range(parts)]
 
@@ -636,7 +803,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       if fast:
         codes = plgpu.load(vc_s, layout=layout.WGMMA)
         unpack = functools.partial(_unpacked_parts, codes, vs_s, vm_s, ptx_fma=ptx_fma, magic_exponents=magic,
-                                   bits=bits, ldmatrix_metadata=ldmatrix_metadata)
+                                   bits=bits, ldmatrix_metadata=ldmatrix_metadata,
+                                   metadata_in_thread_order=metadata_in_thread_order)
         unpacked = [] if values_by_part else unpack()
         for part in range(parts):
           value = unpack(parts=(part,))[0] if values_by_part else unpacked[part]
@@ -673,7 +841,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         plgpu.commit_smem()
 
       def scores(s_acc, k_s=None):
-        if not overlap_values:
+        values_t = None  # `values_in_registers`: V^T [128, 64]
+        if not overlap_values and not transposed_values:
           dequantize_values(vc_s, vs_s, vm_s, v_s)
         if k_s is not None:  # `keys_in_smem`
           for part in range(parts):  # stored a part at a time: a part's registers live
@@ -684,17 +853,22 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           keys = dequantized_keys(kc_s, ks_s, kb_s) if dequantize_keys else unpacked_keys(kc_s)
           for part in range(parts):
             plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(width * part, width)])
-        if overlap_values:
+        if overlap_values and transposed_values:
+          values_t = _values_transposed(vc_s, vs_s, vm_s)
+        elif overlap_values:
           dequantize_values(vc_s, vs_s, vm_s, v_s)  # while the tensor cores work on the scores
         plgpu.wgmma_wait(0)  # with `defer`, also the previous step's V wgmma
-        return s_acc[...]
+        return s_acc[...], values_t
 
       accumulator = plgpu.ACC((STEP, COLUMNS), jnp.float32)
       if keys_in_smem:  # a scope of its own: registers and shared memory cannot share one
-        s = pl.run_scoped(lambda k_s: pl.run_scoped(lambda acc: scores(acc, k_s), accumulator),
-                          smem((STEP, HEAD_DIM), jnp.float16, 32))
+        s, values_t = pl.run_scoped(lambda k_s: pl.run_scoped(lambda acc: scores(acc, k_s), accumulator),
+                                    smem((STEP, HEAD_DIM), jnp.float16, 32))
       else:
-        s = pl.run_scoped(scores, accumulator)
+        s, values_t = pl.run_scoped(scores, accumulator)
+      if transposed_values and values_t is None:  # after the score wgmma: the keys' registers are free
+        values_t = _values_transposed(vc_s, vs_s, vm_s)
+      v_operand = values_t if transposed_values else v_s.transpose((1, 0))
       if dequantize_keys:  # kb_s holds the minimums, already in the keys; a range masks past its count
         past = first_window + 2 * index  # the step's first window, from the range's start
         s = jnp.where(own_window & (column_window < count - past) if ranged else own_window, s, _NEG)
@@ -718,11 +892,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         p_s[...] = p.astype(jnp.float16)
         plgpu.commit_smem()
       if in_place:  # waited for in the next step (or after the loop)
-        plgpu.wgmma(o_acc, v_s.transpose((1, 0)), p_s)
+        plgpu.wgmma(o_acc, v_operand, p_s)
         return acc, m_new, l_rows
 
       def attend(o_acc):  # a fresh accumulator, added to the rescaled one (interpret mode cannot store to one)
-        plgpu.wgmma(o_acc, v_s.transpose((1, 0)), p_s)
+        plgpu.wgmma(o_acc, v_operand, p_s)
         plgpu.wgmma_wait(0)
         return o_acc[...]
 
@@ -833,7 +1007,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       acc, m_run, l_rows = run_loop()
 
     def store(o_s, ml_s):
-      o_s[...] = acc
+      if transposed_values:  # rows back in channel order on the way out
+        _store_in_channel_order(acc, o_s)
+      else:
+        o_s[...] = acc
       ml_s[0] = m_run
       ml_s[1] = column_sum(l_rows)
       plgpu.commit_smem()
@@ -1032,6 +1209,22 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "wg4_large_batch_ftz_block2": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True,
                                        in_place_values=True, magic_exponents=True, approx_math=True,
                                        steps_per_block=2),
+    # that, with V^T as the V wgmma's register operand (no V in shared memory), dequantized after the score
+    # wgmma is waited for, or while it runs
+    "wg4_large_batch_ftz_vregs": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True,
+                                      in_place_values=True, magic_exponents=True, approx_math=True,
+                                      values_in_registers=True),
+    "wg4_large_batch_ftz_vregs_overlap": dict(overlap_values=True, warpgroups=4, dequantize_keys=True,
+                                              lagged_max=True, in_place_values=True, magic_exponents=True,
+                                              approx_math=True, values_in_registers=True),
+    # that, with three pipeline slots where two were (another 24 KB a CTA: 208 KB; untimed)
+    "wg4_large_batch_ftz_s3": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True,
+                                   in_place_values=True, magic_exponents=True, approx_math=True, stages=3),
+    # that, with the scales and minimums in `thread_order`: a part's 4 pairs by one 16-byte load (the caller's
+    # metadata must be in that order: `thread_order`)
+    "wg4_large_batch_ftz_thread_order": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
+                                             lagged_max=True, in_place_values=True, magic_exponents=True,
+                                             approx_math=True, metadata_in_thread_order=True),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
 }

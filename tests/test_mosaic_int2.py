@@ -104,6 +104,7 @@ def test_lagged_maximum_follows_rising_scores(interpret, spike, dequantize_keys)
 
 @pytest.mark.parametrize("first,count,windows", [(None, None, None), (3, 29, 32), (5, 6, 12)])
 @pytest.mark.parametrize("faster", [{}, dict(dequantize_keys=True, lagged_max=True),
+                                    dict(dequantize_keys=True, lagged_max=True, stages=3),
                                     dict(dequantize_keys=True, lagged_max=True, values_scaled_after=True)])
 def test_four_warpgroups_a_cta(interpret, first, count, windows, faster):
   """Four programs a CTA (`warpgroups=4`: each its own buffers and pipeline): the whole pool (4 blocks a
@@ -169,7 +170,18 @@ def test_splits_and_window_parities_merge(interpret):
                                           ldmatrix_metadata=True),
                                      dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
                                           lagged_max=True, in_place_values=True, magic_exponents=True,
-                                          approx_math=True, steps_per_block=2)])
+                                          approx_math=True, steps_per_block=2),
+                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
+                                          lagged_max=True, in_place_values=True, magic_exponents=True,
+                                          approx_math=True, metadata_in_thread_order=True),
+                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
+                                          lagged_max=True, in_place_values=True, magic_exponents=True,
+                                          approx_math=True, stages=3),
+                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
+                                          lagged_max=True, in_place_values=True, magic_exponents=True,
+                                          approx_math=True, values_in_registers=True),
+                                     dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
+                                          values_in_registers=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
@@ -185,6 +197,55 @@ def test_lowers_for_cuda(options):
   text = lower.trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
   assert "mosaic_gpu" in text
   assert ("uses_pdl" in text) == options.get("grid_dependency_wait", False)
+
+
+def test_thread_order_puts_a_threads_pairs_together():
+  """`thread_order` is its own inverse, and at f16 32p + 8l + 2g + e it puts channel 32p + 8g + 2l + e: the
+  pairs of part p that lane l % 4 = l needs (column groups g = 0..3 of the WGMMA layout) in 16 bytes."""
+  channels = np.arange(mi.HEAD_DIM)
+  ordered = mi.thread_order(channels)
+  np.testing.assert_array_equal(mi.thread_order(ordered), channels)
+  for part in range(4):
+    for lane in range(4):
+      chunk = ordered[32 * part + 8 * lane: 32 * part + 8 * lane + 8]
+      np.testing.assert_array_equal(chunk, [32 * part + 8 * g + 2 * lane + e for g in range(4) for e in range(2)])
+
+
+def test_metadata_in_thread_order_matches(interpret):
+  """The kernel given its scales and minimums in `thread_order` computes what it computes given them in order
+  (the interpret mode puts them back; the 16-byte loads run on the H200's float64 checks)."""
+  q, kc, ks, km, vc, vs, vm = random_case(5, 2, 256, 7)
+  options = dict(dequantize_keys=True, lagged_max=True, overlap_values=False, metadata_in_thread_order=True)
+  out = np.asarray(mi.attend(q, kc, *(mi.thread_order(x) for x in (ks, km)), vc,
+                             *(mi.thread_order(x) for x in (vs, vm)), splits=2, interpret=interpret,
+                             options=tuple(options.items())))
+  np.testing.assert_allclose(out, mi.reference(q, kc, ks, km, vc, vs, vm), atol=2e-3, rtol=0)
+  with pytest.raises(ValueError, match="thread_order"):
+    mi.attend(q, kc, ks, km, vc, vs, vm, splits=2, interpret=interpret,
+              options=(("metadata_in_thread_order", True),))
+
+
+def test_value_rows_are_the_parts_of_a_threads_byte_column():
+  """`values_in_registers`: O^T's rows are a permutation of the channels, and the rows a thread holds in the
+  WGMMA layout (16w + j, + 8, + 64, + 72) are channels b, b + 32, b + 64, b + 96 of one byte column b."""
+  channels = mi.value_row_channels()
+  np.testing.assert_array_equal(np.sort(channels), np.arange(mi.HEAD_DIM))
+  for warp in range(4):
+    for j in range(8):
+      row = 16 * warp + j
+      np.testing.assert_array_equal(channels[[row, row + 8, row + 64, row + 72]],
+                                    8 * warp + j + 32 * np.arange(4))
+
+
+def test_values_in_registers_match(interpret):
+  """The option computes the same attention (the interpret mode goes through shared memory; the register
+  path runs on the H200's float64 checks), and is refused without magic exponents."""
+  case = random_case(6, 2, 256, 7)
+  options = dict(dequantize_keys=True, lagged_max=True, magic_exponents=True, values_in_registers=True)
+  out = np.asarray(mi.attend(*case, splits=2, interpret=interpret, options=tuple(options.items())))
+  np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
+  with pytest.raises(ValueError, match="values_in_registers"):
+    mi.attend(*case, splits=2, interpret=interpret, options=(("values_in_registers", True),))
 
 
 @pytest.mark.parametrize("magic_exponents,bits", [(False, 2), (True, 2), (False, 4)])
