@@ -238,10 +238,17 @@ MOSAIC_FOUR_WARPGROUPS_FTZ_BLOCK2 = dataclasses.replace(
 # 312.8 at 60; the 7B step at 32 x 100 9.42 ms against 9.73 (session 25, `mosaic_int2_s25_splits_h200.md`,
 # `decode_throughput_*_s25_splits_gpu.md`, same runs).
 MOSAIC_FOUR_WARPGROUPS_FTZ_J4 = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS_FTZ, mosaic_min_splits=4)
+# That with V^T as the V wgmma's register operand (`values_in_registers`: no V stored to shared memory nor read
+# back by the wgmma, a byte a token and one f16 scale and minimum a part and window; "pallas:mosaic_int2_wg4_vregs"):
+# the kernel 128.3 µs against 153.2 at batch 32 x 19,968 tokens, 250.4 against 297.4 at 60 (session 26,
+# `mosaic_int2_s26_vregs_h200.md`, same run; ncu had put the V path at 116 of the 168 shared-memory wavefronts
+# a warp and step, with the data pipe 80 % busy).
+MOSAIC_FOUR_WARPGROUPS_VREGS = dataclasses.replace(
+    MOSAIC_FOUR_WARPGROUPS_FTZ_J4, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_vregs"].items()))
 # What the default runs for large launches (`for_launch`): that, with the two launches' partials merged in one
 # Pallas launch (`combine_with_heads_last_kernel`) where XLA takes five or more small kernels a layer. The
 # merged combine: 9.98 ms against 10.09 with XLA's merge at 32 x 100 (session 24).
-LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_FOUR_WARPGROUPS_FTZ_J4, k) for k in (
+LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_FOUR_WARPGROUPS_VREGS, k) for k in (
     "mosaic_programs_per_multiprocessor", "mosaic_options", "fused_combine", "mosaic_min_splits")}
 # The Triton kernel for every pool, at every batch ("pallas:triton": the baseline the Mosaic benches compare to).
 TRITON_ONLY = DecodeConfig(mosaic_min_pairs=None)

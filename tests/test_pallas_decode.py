@@ -156,9 +156,9 @@ def test_large_launches_take_the_mosaic_kernel():
   default = qd.DecodeConfig()
   big = qd.for_launch(default, 128, 1 << 15, interpret=False)
   assert big.int2_mosaic and big.mosaic_min_pairs is None
-  assert big.mosaic_options == qd.MOSAIC_FOUR_WARPGROUPS_FTZ_J4.mosaic_options
+  assert big.mosaic_options == qd.MOSAIC_FOUR_WARPGROUPS_VREGS.mosaic_options
   assert big.mosaic_programs_per_multiprocessor == 4 and big.fused_combine  # the two sets merged in one launch
-  assert dataclasses.replace(big, mosaic_min_pairs=128) == qd.MOSAIC_FOUR_WARPGROUPS_FTZ_J4
+  assert dataclasses.replace(big, mosaic_min_pairs=128) == qd.MOSAIC_FOUR_WARPGROUPS_VREGS
   if qd._multiprocessors(big) == 132:  # an H200's (or a CPU's stand-in): 4 x 132 slots hold 128 pairs x 4 splits
     assert qd.mosaic_splits(128, 306, big) == 4 and qd.mosaic_splits(128, 306, qd.MOSAIC_FOUR_WARPGROUPS) == 8
   assert dataclasses.replace(big, int2_mosaic=False, mosaic_min_pairs=128,
