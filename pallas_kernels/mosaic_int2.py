@@ -29,8 +29,10 @@ partials; one layer at batch 8 x 32k, mixed plan, 150 µs against 158. In the 7B
 22) its launches take 5.26 ms a step against the Triton launch's 5.95, but the XLA bias around them 0.87
 ms more: hence `dequantize_keys` (no bias) and `lagged_max` (one barrier a step, 8-10 % faster, session 23).
 With four warpgroups a CTA, O^T in place, magic exponents and ex2.approx.ftz (`wg4_large_batch_ftz`, at least
-4 splits) it is what `"pallas"` runs at large batches: 251 µs against Triton's 344 at batch 32 x 32k, and the
-7B step at 32 x 100 in 9.33 ms against fp16's 13.26 (session 25).
+4 splits): 251 µs against Triton's 344 at batch 32 x 32k (session 25). What `"pallas"` runs at large batches is
+that with V^T built in registers as the V wgmma's operand (`values_in_registers`: the values never go through
+shared memory, whose data pipe had bounded the kernel): 128 µs against 153 at batch 32 x 19,968 tokens, and the
+7B step at 32 x 100 in 8.87 ms against fp16's 13.27 (session 26).
 
 Layouts: codes [N, T, H/4] uint8 packed "split" style (byte j holds channels j, j + 32, j + 64, j + 96 at
 bits 0, 2, 4, 6), scales and minimums [N, T/32, H] f16, N = batch * KV heads. Scores are base 2 (q carries
@@ -326,7 +328,30 @@ def value_row_channels() -> np.ndarray:
   return column + 32 * (2 * (row // STEP) + (row % 16) // 8)
 
 
-def _values_transposed(codes_ref, scale_ref, minimum_ref):
+def _thread_position(i32):
+  """(b, f) of this thread in the WGMMA layout (i32 values): its first row 16w + j (w: the warp of its
+  warpgroup, j = lane // 4) as the byte column b = 8w + j of `value_row_channels`, and its first column
+  f = 2 (lane % 4)."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax._src.lib.mlir.dialects import arith
+
+  c = lambda v: arith.constant(i32, v)
+  thread = mgpu.utils.thread_idx()
+  lane = arith.andi(thread, c(31))
+  column = arith.addi(arith.muli(arith.andi(arith.shrui(thread, c(5)), c(3)), c(8)), arith.shrui(lane, c(2)))
+  return column, arith.muli(arith.andi(lane, c(3)), c(2))
+
+
+def _register_offsets(shape):
+  """(register index, row, column) of each register of a WGMMA-layout array of `shape`: its static offset
+  from the thread's first row and column."""
+  from jax.experimental.mosaic import gpu as mgpu
+  strides = mgpu.WGMMA_LAYOUT.tiling.tile_strides(tuple(mgpu.utils.get_contiguous_strides(shape)))
+  for idx in np.ndindex(mgpu.WGMMA_LAYOUT.registers_shape(shape)):
+    yield (idx, *divmod(sum(i * s for i, s in zip(idx, strides)), shape[1]))
+
+
+def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_order=False):
   """A step's values as the V wgmma's register operand: V^T f16 [128, 64] (WGMMA layout), row r channel
   `value_row_channels()[r]`, column t token t, from the codes [64, 32] (uint8, 32-byte swizzle) and the [2, H]
   scales and minimums. A thread holds byte column b = 8w + lane // 4 of 16 tokens (2 (lane % 4) + 8i and the
@@ -334,7 +359,8 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref):
   LOP3, the subtraction and one f16x2 fma with the window's scale and minimum (both halves one channel and
   window: 16 loads of one f16 a thread a step, where the WGMMA layout of the codes takes 32 of a pair). No
   stores of V to shared memory and no V reads by the wgmma: they were 40 % of the kernel's shared-memory
-  wavefronts (ncu, s26). Magic exponents, INT2."""
+  wavefronts (ncu, s26). Magic exponents, INT2. `metadata_in_thread_order`: the scales and minimums are in
+  `thread_order` (channel 8g + 2l + e of a part at 8l + 2g + e)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -352,14 +378,16 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref):
     i32, index = ir.IntegerType.get_signless(32), ir.IndexType.get()
     half2 = ir.VectorType.get((2,), ir.F16Type.get())
     c = lambda v: arith.constant(i32, v)
-    thread = mgpu.utils.thread_idx()
-    lane = arith.andi(thread, c(31))
-    column = arith.addi(arith.muli(arith.andi(arith.shrui(thread, c(5)), c(3)), c(8)), arith.shrui(lane, c(2)))
-    first_token = arith.muli(arith.andi(lane, c(3)), c(2))
+    column, first_token = _thread_position(i32)
     base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
     constants = [part_constants(p, True) for p in range(4)]
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
-    channel = lambda part: arith.index_cast(index, arith.addi(column, c(32 * part)))
+    stored = column  # where channel `column` of a part sits in its 32
+    if metadata_in_thread_order:  # b = 8g + 2l + e sits at 8l + 2g + e
+      pair = arith.andi(column, c(7))
+      stored = arith.addi(arith.addi(arith.muli(arith.shrui(pair, c(1)), c(8)),
+                                     arith.muli(arith.shrui(column, c(3)), c(2))), arith.andi(column, c(1)))
+    channel = lambda part: arith.index_cast(index, arith.addi(stored, c(32 * part)))
     refs, metadata = (scales, minimums), {}  # (ref, window, part) -> the f16 in both halves
 
     def broadcast(which, window, part):
@@ -374,10 +402,8 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref):
       return llvm.inline_asm(i32, [arith.addi(base, offset)], "ld.shared.u8 $0, [$1];", "=r,r",
                              has_side_effects=True)  # not moved above the TMA's barrier wait
     spread = {}  # token offset -> the two tokens' bytes, each in the low byte of its half
-    strides = mgpu.WGMMA_LAYOUT.tiling.tile_strides(tuple(mgpu.utils.get_contiguous_strides(shape)))
     registers = np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object)
-    for idx in np.ndindex(registers.shape):
-      row, token = divmod(sum(i * s for i, s in zip(idx, strides)), STEP)  # the register's static offsets
+    for idx, row, token in _register_offsets(shape):
       part, window = 2 * (row // STEP) + (row % STEP) // 8, token // WINDOW
       if token not in spread:
         spread[token] = llvm.inline_asm(i32, [code_byte(token), code_byte(token + 1)],
@@ -409,14 +435,10 @@ def _store_in_channel_order(o_t, o_ref):
     del ctx
     i32 = ir.IntegerType.get_signless(32)
     c = lambda v: arith.constant(i32, v)
-    thread = mgpu.utils.thread_idx()
-    lane = arith.andi(thread, c(31))
-    column = arith.addi(arith.muli(arith.andi(arith.shrui(thread, c(5)), c(3)), c(8)), arith.shrui(lane, c(2)))
-    first_column = arith.muli(arith.andi(lane, c(3)), c(2))
+    column, first_column = _thread_position(i32)
     base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(o_ref))
-    strides = mgpu.WGMMA_LAYOUT.tiling.tile_strides(tuple(mgpu.utils.get_contiguous_strides(shape)))
-    for idx, pair in np.ndenumerate(o_t.registers):
-      row, col = divmod(sum(i * s for i, s in zip(idx, strides)), COLUMNS)  # the register's static offsets
+    for idx, row, col in _register_offsets(shape):
+      pair = o_t.registers[idx]
       channel = arith.addi(column, c(32 * (2 * (row // STEP) + (row % STEP) // 8)))
       element = arith.addi(arith.muli(channel, c(COLUMNS)), arith.addi(first_column, c(col)))
       x, y = (vector.extract(pair, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([k]))
@@ -587,12 +609,13 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   reach each thread by 4 `ldmatrix` a row instead of 16 loads of a pair (`_metadata_by_ldmatrix`; 48 loads a
   step fewer with `dequantize_keys`; 2 % slower, s25). `metadata_in_thread_order`: k_scale, k_bias (the key
   minimums: with `dequantize_keys` only), v_scale and v_min come in `thread_order`, and a part's 4 pairs of each
-  reach a thread by one 16-byte load where pair loads took 4 (the metadata's pair loads were ~40 % of the
-  shared-memory wavefronts, and shared memory 85 % busy: ncu, s26). The interpret mode puts them back in order
-  and takes the plain path. `values_in_registers`: the V wgmma takes V^T from registers (`_values_transposed`),
-  not from a buffer the values were stored to: its rows (O^T's) are channels in `value_row_channels` order, put
-  back as O^T is stored (`_store_in_channel_order`); dequantized while the score wgmma runs with `overlap_values`, else after it is waited
-  for (magic exponents, INT2; the interpret mode takes the shared-memory path).
+  reach a thread by one 16-byte load where pair loads took 4 (9 % fewer instructions, no faster: a 16-byte load
+  takes as many shared-memory wavefronts as 4 pair loads, and the wavefronts bounded the kernel, s26). The
+  interpret mode puts them back in order and takes the plain path. `values_in_registers`: the V wgmma takes V^T
+  from registers (`_values_transposed`), not from a buffer the values were stored to: its rows (O^T's) are
+  channels in `value_row_channels` order, put back as O^T is stored (`_store_in_channel_order`); dequantized
+  while the score wgmma runs with `overlap_values`, else after it is waited for (16 % faster than through shared
+  memory, s26; magic exponents, INT2; the interpret mode takes the shared-memory path).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -621,10 +644,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError("dequantize_keys adds no bias: not with bias_in_kernel or keys_in_smem")
   if metadata_in_thread_order and not (dequantize_keys and bits == 2 and not values_scaled_after):
     raise ValueError("metadata_in_thread_order: INT2 with dequantize_keys (the scales read where dequantized)")
-  if values_in_registers and not (magic_exponents and bits == 2 and not (values_scaled_after or defer_values_wgmma
-                                                                          or metadata_in_thread_order)):
-    raise ValueError("values_in_registers: INT2 with magic_exponents, not with values_scaled_after, "
-                     "defer_values_wgmma or metadata_in_thread_order")
+  if values_in_registers and not (magic_exponents and bits == 2 and not (values_scaled_after or defer_values_wgmma)):
+    raise ValueError("values_in_registers: INT2 with magic_exponents, not with values_scaled_after or "
+                     "defer_values_wgmma")
   if metadata_in_thread_order and interpret is not None:  # the plain path reads them in channel order
     k_scale, k_bias, v_scale, v_min = (thread_order(x) for x in (k_scale, k_bias, v_scale, v_min))
   if in_place_values and (defer_values_wgmma or values_scaled_after):
@@ -854,7 +876,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           for part in range(parts):
             plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(width * part, width)])
         if overlap_values and transposed_values:
-          values_t = _values_transposed(vc_s, vs_s, vm_s)
+          values_t = _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order)
         elif overlap_values:
           dequantize_values(vc_s, vs_s, vm_s, v_s)  # while the tensor cores work on the scores
         plgpu.wgmma_wait(0)  # with `defer`, also the previous step's V wgmma
@@ -867,7 +889,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       else:
         s, values_t = pl.run_scoped(scores, accumulator)
       if transposed_values and values_t is None:  # after the score wgmma: the keys' registers are free
-        values_t = _values_transposed(vc_s, vs_s, vm_s)
+        values_t = _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order)
       v_operand = values_t if transposed_values else v_s.transpose((1, 0))
       if dequantize_keys:  # kb_s holds the minimums, already in the keys; a range masks past its count
         past = first_window + 2 * index  # the step's first window, from the range's start
@@ -1217,6 +1239,11 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "wg4_large_batch_ftz_vregs_overlap": dict(overlap_values=True, warpgroups=4, dequantize_keys=True,
                                               lagged_max=True, in_place_values=True, magic_exponents=True,
                                               approx_math=True, values_in_registers=True),
+    # that, with the scales and minimums in `thread_order`: the keys' 4 pairs of a part by one 16-byte load
+    "wg4_large_batch_ftz_vregs_thread_order": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
+                                                   lagged_max=True, in_place_values=True, magic_exponents=True,
+                                                   approx_math=True, values_in_registers=True,
+                                                   metadata_in_thread_order=True),
     # that, with three pipeline slots where two were (another 24 KB a CTA: 208 KB; untimed)
     "wg4_large_batch_ftz_s3": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True,
                                    in_place_values=True, magic_exponents=True, approx_math=True, stages=3),

@@ -4,7 +4,9 @@ In the decode step each layer adds its attention output to the residual stream a
 the MLP, then adds the MLP's output and normalizes for the next layer. XLA runs each of those as an add, a
 reduce and (where no matrix product takes it in) a multiply: ~5 small launches a layer (the H200 profile of
 session 24). Here one program a row does both passes over a row of D values, `chunk` at a time (D need not be
-a power of two: 3,584 for Qwen2-7B is 7 x 512), so a layer takes 2 launches.
+a power of two: 3,584 for Qwen2-7B is 7 x 512), so a layer takes 2 launches. Timed on the H200 (session 26,
+`benchmarks/results/decode_throughput_*_s26_norms_gpu.md`): 0.29-0.37 ms a 7B decode step slower than XLA's norms
+at batch 1, 20 and 32, so it is an option (`generate(..., norms="pallas")`), not the default.
 
 `add_rms_norm(h, delta, scale, eps)` returns (h + delta, rms_norm(h + delta) * scale) with
 `models.layers.rms_norm`'s roundings: the sum in the residual's dtype, the norm in float32 over that rounded

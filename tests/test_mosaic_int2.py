@@ -181,7 +181,9 @@ def test_splits_and_window_parities_merge(interpret):
                                           lagged_max=True, in_place_values=True, magic_exponents=True,
                                           approx_math=True, values_in_registers=True),
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
-                                          values_in_registers=True)])
+                                          values_in_registers=True),
+                                     dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
+                                          values_in_registers=True, metadata_in_thread_order=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""

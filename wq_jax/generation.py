@@ -66,7 +66,8 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   `wq_jax.methods.METHODS`, `config` its config (e.g. `WindowQuantConfig`);
   `attention` a decode-attention implementation ("xla" or "pallas"); `norms`
   "pallas" fuses each residual add with the RMS norm after it in the decode
-  step (`pallas_kernels.residual_norm`; not with a mesh). With a
+  step (`pallas_kernels.residual_norm`; not with a mesh; slower than XLA's on
+  an H200, session 26). With a
   `mesh` (`wq_jax.parallel.data_mesh()`), the batch is split across its 'data'
   axis (padded with copies of the last request, whose results are dropped);
   place the weights once with `wq_jax.parallel.replicate(model, mesh)`.
