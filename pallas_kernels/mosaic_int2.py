@@ -551,6 +551,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 steps_per_block: int = 1, warpgroups: int = 1, grid_dependency_wait: bool = False,
                 values_scaled_after: bool = False, in_place_values: bool = False, ldmatrix_metadata: bool = False,
                 metadata_in_thread_order: bool = False, values_in_registers: bool = False,
+                fetch_by_one_warp: bool = False,
                 max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
@@ -615,7 +616,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   from registers (`_values_transposed`), not from a buffer the values were stored to: its rows (O^T's) are
   channels in `value_row_channels` order, put back as O^T is stored (`_store_in_channel_order`); dequantized
   while the score wgmma runs with `overlap_values`, else after it is waited for (16 % faster than through shared
-  memory, s26; magic exponents, INT2; the interpret mode takes the shared-memory path).
+  memory, s26; magic exponents, INT2; the interpret mode takes the shared-memory path). `fetch_by_one_warp`
+  (four warpgroups): a block's TMA copies are issued inside a branch only the warpgroup's first warp takes
+  (`plgpu.warp_map`), where every warp computed the six copies' descriptors and coordinates under a predicate
+  that held for one thread: 92 of the 525 instructions a warp executed a step (ncu, s26; untimed).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -667,6 +671,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if bias_rows > MAX_BIAS_ROWS:
     raise ValueError(f"bias_in_kernel holds at most {MAX_BIAS_ROWS} windows a split, got {bias_rows}")
   groups = warpgroups
+  if fetch_by_one_warp and groups == 1:
+    raise ValueError("fetch_by_one_warp: the four-warpgroup pipeline's (warpgroups > 1); emit_pipeline issues its own")
   if groups > 1 and (defer_values_wgmma or bias_in_kernel or keys_in_smem or splits % groups):
     raise ValueError(f"warpgroups={groups} needs splits divisible by it, and neither defer_values_wgmma, "
                      f"bias_in_kernel nor keys_in_smem")
@@ -1018,7 +1024,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         plgpu.barrier_wait(barriers.at[wg * stages + slot])
         carry = block((index,), *(b.at[slot] for b in buffers), carry)
         # The block's reads of the slot precede its last commit_smem (a barrier of the warpgroup).
-        pl.when(index + stages < my_blocks)(lambda: fetch(index + stages))
+        if fetch_by_one_warp and interpret is None:  # the other warps branch around the copies' set-up
+          plgpu.warp_map(lambda warp: pl.when((warp == 0) & (index + stages < my_blocks))(
+              lambda: fetch(index + stages)))
+        else:
+          pl.when(index + stages < my_blocks)(lambda: fetch(index + stages))
         return carry
       return lax.fori_loop(0, my_blocks, body, init)
 
@@ -1239,6 +1249,11 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "wg4_large_batch_ftz_vregs_overlap": dict(overlap_values=True, warpgroups=4, dequantize_keys=True,
                                               lagged_max=True, in_place_values=True, magic_exponents=True,
                                               approx_math=True, values_in_registers=True),
+    # that, with a block's copies issued by one warp of the four
+    "wg4_large_batch_ftz_vregs_one_warp_fetch": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
+                                                     lagged_max=True, in_place_values=True, magic_exponents=True,
+                                                     approx_math=True, values_in_registers=True,
+                                                     fetch_by_one_warp=True),
     # that, with the scales and minimums in `thread_order`: the keys' 4 pairs of a part by one 16-byte load
     "wg4_large_batch_ftz_vregs_thread_order": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
                                                    lagged_max=True, in_place_values=True, magic_exponents=True,

@@ -183,7 +183,10 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
                                           values_in_registers=True),
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
-                                          values_in_registers=True, metadata_in_thread_order=True)])
+                                          values_in_registers=True, metadata_in_thread_order=True),
+                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
+                                          lagged_max=True, in_place_values=True, magic_exponents=True,
+                                          approx_math=True, values_in_registers=True, fetch_by_one_warp=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
@@ -248,6 +251,8 @@ def test_values_in_registers_match(interpret):
   np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
   with pytest.raises(ValueError, match="values_in_registers"):
     mi.attend(*case, splits=2, interpret=interpret, options=(("values_in_registers", True),))
+  with pytest.raises(ValueError, match="fetch_by_one_warp"):
+    mi.attend(*case, splits=2, interpret=interpret, options=(("fetch_by_one_warp", True),))
 
 
 @pytest.mark.parametrize("magic_exponents,bits", [(False, 2), (True, 2), (False, 4)])
