@@ -13,7 +13,8 @@ can. Three modes:
 `profile` writes, a plan each, `<plan>_b<batch>_t<tokens>_<variant>.ncu-rep` and its `details`
 (throughput, occupancy, warp states, instruction mix), `raw` (every metric) and `source` (SASS with
 per-instruction stall samples) pages.
-`summarize` turns those pages into one markdown report (any machine):
+(`--summary` writes each one's markdown report beside it; `--archive X.tgz` then packs the pages, without the
+.ncu-rep reports, into one file.) `summarize` turns those pages into one markdown report (any machine):
 
     python benchmarks/kernel_ncu.py summarize $OUT/int2_b8_t32768_default --out benchmarks/results/x.md
 """
@@ -28,6 +29,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 SECTIONS = ["SpeedOfLight", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats", "WarpStateStats",
@@ -88,6 +90,17 @@ def profile(args) -> None:
       if r.returncode:
         log.append(f"{page}: {r.stderr[-1000:]}")
     (out / "ncu_log.txt").write_text("\n".join(log))  # after each plan: a later one may run out of time
+    if args.summary:  # the readable report beside the pages
+      try:
+        (out / f"{rep.name}.md").write_text(summarize(str(rep)))
+      except (OSError, KeyError, IndexError, csv.Error) as e:  # a profile that wrote no pages: say so, go on
+        log.append(f"summary of {rep.name}: {e!r}")
+        (out / "ncu_log.txt").write_text("\n".join(log))
+  if args.archive:  # the pages in one file (the device tool returns at most 8 files a call)
+    for rep_file in out.glob("*.ncu-rep"):
+      rep_file.unlink()
+    with tarfile.open(args.archive, "w:gz") as tar:
+      tar.add(out, arcname=out.name)
   print("\n".join(log)[-4000:])
 
 
@@ -194,6 +207,8 @@ def main(argv=None):
       p.add_argument("--plans", nargs="+", default=["mix", "int2"])
       p.add_argument("--kernel", default="wq_", help="regex of the kernels to profile")
       p.add_argument("--out", default=os.environ.get("OUT", "/tmp/ncu"))
+      p.add_argument("--summary", action="store_true", help="write each profile's summary (markdown) beside it")
+      p.add_argument("--archive", help="then pack the folder's pages (not the .ncu-rep reports) into this .tgz")
   args = ap.parse_args(argv)
   if args.mode == "summarize":
     text = summarize(args.prefix)

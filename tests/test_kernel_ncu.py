@@ -62,3 +62,39 @@ def test_summarize_counts_shared_memory_wavefronts(tmp_path):
   wavefronts = text.split("Shared-memory wavefronts (5,030)")[1].split("The hottest loop")[0]
   assert "| LDS.128 | 79.5 | 4.0 | 4.00 |" in wavefronts and "| LDS | 19.9 | 1.0 | 1.00 |" in wavefronts
   assert "| STS | 0.6 | 0.0 | 3.00 |" in wavefronts and "HFMA2" not in wavefronts
+
+
+FAKE_NCU = '''#!{python}
+import sys
+args = sys.argv[1:]
+if "--import" in args:
+  page = args[args.index("--page") + 1]
+  print(open("{pages}/" + page + ".csv").read(), end="")
+else:
+  open(args[args.index("-o") + 1] + ".ncu-rep", "w").write("report")
+'''
+
+
+def test_profile_writes_summaries_and_one_archive(tmp_path, monkeypatch):
+  """`profile --summary --archive`: each plan's pages and markdown beside them, then the folder in one .tgz
+  without the (large) .ncu-rep reports. A stand-in `ncu` on PATH writes a report and serves the pages."""
+  import sys
+  import tarfile
+  pages = tmp_path / "pages"
+  pages.mkdir()
+  head = ["ID", "Kernel Name", "Block Size", "Grid Size", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
+  _write(pages / "details.csv", [head, ["0", "k", "(128, 1, 1)", "(8, 1, 1)", "SOL", "Duration", "us", "9.5"]])
+  _write(pages / "raw.csv", [["other"], [""], ["1"]])
+  _write(pages / "source.csv", [["Kernel Name", "k"], ["Address", "Source", "Warp Stall Sampling (All Samples)",
+                                                       "Instructions Executed"], ["0x0", "LDS R1, [R2]", "1", "10"]])
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  (bin_dir / "ncu").write_text(FAKE_NCU.format(python=sys.executable, pages=pages))
+  (bin_dir / "ncu").chmod(0o755)
+  monkeypatch.setenv("PATH", f"{bin_dir}:{__import__('os').environ['PATH']}")
+  out, archive = tmp_path / "ncu", tmp_path / "ncu.tgz"
+  kernel_ncu.main(["profile", "--plans", "int2", "--out", str(out), "--summary", "--archive", str(archive)])
+  names = set(tarfile.open(archive).getnames())
+  assert {"ncu/int2_b8_t32768_default_details.csv", "ncu/int2_b8_t32768_default.md", "ncu/ncu_log.txt"} <= names
+  assert not any(n.endswith(".ncu-rep") for n in names)
+  assert "| Duration | 9.5 us |" in (out / "int2_b8_t32768_default.md").read_text()
