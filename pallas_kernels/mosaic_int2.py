@@ -419,6 +419,66 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
+def _keys_by_thread(codes_ref, scale_ref, minimum_ref):
+  """`permuted_keys`: a step's keys as the score wgmma's 4 register operands (f16 [64, 32] a part, WGMMA layout),
+  column 8g + 2l + e of part p being channel 32p + 8l + 2g + e (`thread_order`'s permutation; q^T's rows are
+  permuted alike, so the scores are the same sums). A thread (l = lane % 4) then needs code bytes 8l..8l+7 of
+  each of its two token rows, one 8-byte load a row (where the WGMMA layout's loads of a pair took 4), and of each
+  part the scale and minimum pairs of channels 32p + 8l .. + 7, one 16-byte load each (where pair loads took 4):
+  30 loads a thread and step fewer. Each register: a `prmt` of two bytes, then per part the magic exponents' LOP3,
+  the subtraction and one f16x2 fma (magic exponents, INT2)."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm
+
+  shape, layout = (STEP, HEAD_DIM // 4), plgpu.Layout.WGMMA
+  codes_type = plgpu.RefType((plgpu.TilingTransform((8, HEAD_DIM // 4)), plgpu.SwizzleTransform(HEAD_DIM // 4)))
+  part_type = plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=layout)
+
+  @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()), return_type=(part_type,) * 4)
+  def unpack(ctx, codes, scales, minimums):
+    del ctx
+    i32 = ir.IntegerType.get_signless(32)
+    half2 = ir.VectorType.get((2,), ir.F16Type.get())
+    c = lambda v: arith.constant(i32, v)
+    thread = mgpu.utils.thread_idx()
+    row = arith.addi(arith.muli(arith.andi(arith.shrui(thread, c(5)), c(3)), c(16)),
+                     arith.shrui(arith.andi(thread, c(31)), c(2)))  # the thread's first token: 16w + lane // 4
+    lane_pair = arith.andi(thread, c(3))
+    window = arith.shrui(row, c(5))  # both of its rows (row, row + 8) lie in one window
+    base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
+    pair_quad = ir.Type.parse("!llvm.struct<(i32, i32)>")
+
+    def code_bytes(token):  # bytes 8l .. 8l + 7 of a token's row (32-byte swizzle: whole 16-byte chunks move)
+      offset = arith.addi(arith.muli(token, c(32)), arith.muli(lane_pair, c(8)))
+      offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(16)))
+      loaded = llvm.inline_asm(pair_quad, [arith.addi(base, offset)], "ld.shared.v2.b32 {$0, $1}, [$2];",
+                               "=r,=r,r", has_side_effects=True)  # not moved above the TMA's barrier wait
+      return [llvm.extractvalue(i32, loaded, [k]) for k in range(2)]
+    rows = {0: code_bytes(row), 8: code_bytes(arith.addi(row, c(8)))}
+    metadata = [[mgpu.utils.bitcast(x, half2) for part in range(4)
+                 for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32)] for ref in (scales, minimums)]
+    constants = [part_constants(p, True) for p in range(4)]
+    magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
+    registers = [np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object) for _ in range(4)]
+    for idx, row_offset, column in _register_offsets(shape):
+      g = column // 8  # bytes 2g, 2g + 1 of the thread's 8: word g // 2, its bytes (2g % 4, + 1)
+      first = 2 * g % 4
+      spread = llvm.inline_asm(i32, [rows[row_offset][g // 2]],
+                               f"prmt.b32 $0, $1, 0, 0x{0x4040 | (first + 1) << 8 | first:x};", "=r,r")
+      for part in range(4):
+        mask, exponent, _ = constants[part]
+        kept = llvm.inline_asm(i32, [spread, c(0x10001 * mask), c(0x10001 * exponent)],
+                               "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r")
+        x = arith.subf(mgpu.utils.bitcast(kept, half2), magic[part])
+        registers[part][idx] = llvm.inline_asm(half2, [x, metadata[0][4 * part + g], metadata[1][4 * part + g]],
+                                               "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
+    return tuple(mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None) for r in registers)
+
+  return unpack(codes_ref, scale_ref, minimum_ref)
+
+
 def _store_in_channel_order(o_t, o_ref):
   """O^T f32 [128, 16] (WGMMA layout) whose rows are channels in `value_row_channels` order -> o_ref (a plain
   [128, 16] f32 buffer in shared memory) in channel order: each register pair to its channel's row (8 stores of
@@ -551,7 +611,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 steps_per_block: int = 1, warpgroups: int = 1, grid_dependency_wait: bool = False,
                 values_scaled_after: bool = False, in_place_values: bool = False, ldmatrix_metadata: bool = False,
                 metadata_in_thread_order: bool = False, values_in_registers: bool = False,
-                fetch_by_one_warp: bool = False,
+                fetch_by_one_warp: bool = False, permuted_keys: bool = False,
                 max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
@@ -620,6 +680,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   (four warpgroups): a block's TMA copies are issued inside a branch only the warpgroup's first warp takes
   (`plgpu.warp_map`), where every warp computed the six copies' descriptors and coordinates under a predicate
   that held for one thread: 92 of the 525 instructions a warp executed a step (ncu, s26; untimed).
+  `permuted_keys` (with `dequantize_keys` and magic exponents): the contraction's channels permuted for the keys
+  and q^T alike (`_keys_by_thread`), so that a thread's code bytes and scales come by 8- and 16-byte loads: 30
+  loads a thread and step fewer, the metadata in channel order (untimed).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -651,6 +714,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if values_in_registers and not (magic_exponents and bits == 2 and not (values_scaled_after or defer_values_wgmma)):
     raise ValueError("values_in_registers: INT2 with magic_exponents, not with values_scaled_after or "
                      "defer_values_wgmma")
+  if permuted_keys and not (dequantize_keys and magic_exponents and bits == 2 and not metadata_in_thread_order
+                            and not ldmatrix_metadata):
+    raise ValueError("permuted_keys: INT2 with dequantize_keys and magic_exponents, the metadata in channel order")
   if metadata_in_thread_order and interpret is not None:  # the plain path reads them in channel order
     k_scale, k_bias, v_scale, v_min = (thread_order(x) for x in (k_scale, k_bias, v_scale, v_min))
   if in_place_values and (defer_values_wgmma or values_scaled_after):
@@ -680,11 +746,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
   magic = fast and magic_exponents
   transposed_values = fast and values_in_registers  # V^T in registers (the interpret mode: through v_s)
+  keys_by_thread = fast and permuted_keys  # the keys' channels permuted, q^T's rows alike
   defer = defer_values_wgmma and interpret is None
   slots = 2 if defer else 1
   in_place = defer or (in_place_values and interpret is None)  # O^T in a wgmma accumulator across steps
   rescale_on_vote = in_place and in_place_values and lagged_max  # alpha is 1 wherever no warp votes
   qt = query_operands(q, part_scaled=not (magic or dequantize_keys), bits=bits)
+  if keys_by_thread:  # row 8g + 2l + e of a part is channel 8l + 2g + e, as the keys' columns
+    qt = thread_order(qt, axis=1)
   q_raw = query_operands(q, part_scaled=False) if bias_in_kernel else qt  # q^T for the minimums' products
 
   def swizzled(row_bytes, dtype):  # the interpret mode takes plain buffers
@@ -816,6 +885,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return values * (per_token(scale_ref, part) * jnp.float16(levels ** -part)) + per_token(minimum_ref, part)
 
     def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
+      if keys_by_thread:
+        return _keys_by_thread(kc_s, ks_s, km_s)
       if fast:
         return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma,
                                magic_exponents=magic, bits=bits, ldmatrix_metadata=ldmatrix_metadata,
@@ -1254,6 +1325,14 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                      lagged_max=True, in_place_values=True, magic_exponents=True,
                                                      approx_math=True, values_in_registers=True,
                                                      fetch_by_one_warp=True),
+    # that, with the keys' channels permuted (and q^T's): a thread's code bytes and scales by 8- and 16-byte loads
+    "wg4_large_batch_ftz_vregs_permuted_keys": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
+                                                    lagged_max=True, in_place_values=True, magic_exponents=True,
+                                                    approx_math=True, values_in_registers=True, permuted_keys=True),
+    # both untimed changes together
+    "wg4_large_batch_ftz_vregs_permuted_keys_one_warp_fetch": dict(
+        overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True, in_place_values=True,
+        magic_exponents=True, approx_math=True, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True),
     # that, with the scales and minimums in `thread_order`: the keys' 4 pairs of a part by one 16-byte load
     "wg4_large_batch_ftz_vregs_thread_order": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
                                                    lagged_max=True, in_place_values=True, magic_exponents=True,

@@ -186,7 +186,10 @@ def test_splits_and_window_parities_merge(interpret):
                                           values_in_registers=True, metadata_in_thread_order=True),
                                      dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
                                           lagged_max=True, in_place_values=True, magic_exponents=True,
-                                          approx_math=True, values_in_registers=True, fetch_by_one_warp=True)])
+                                          approx_math=True, values_in_registers=True, fetch_by_one_warp=True),
+                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
+                                          lagged_max=True, in_place_values=True, magic_exponents=True,
+                                          approx_math=True, values_in_registers=True, permuted_keys=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
@@ -251,6 +254,11 @@ def test_values_in_registers_match(interpret):
   np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
   with pytest.raises(ValueError, match="values_in_registers"):
     mi.attend(*case, splits=2, interpret=interpret, options=(("values_in_registers", True),))
+  out = np.asarray(mi.attend(*case, splits=2, interpret=interpret,
+                             options=tuple(dict(options, permuted_keys=True).items())))
+  np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
+  with pytest.raises(ValueError, match="permuted_keys"):
+    mi.attend(*case, splits=2, interpret=interpret, options=(("permuted_keys", True),))
   with pytest.raises(ValueError, match="fetch_by_one_warp"):
     mi.attend(*case, splits=2, interpret=interpret, options=(("fetch_by_one_warp", True),))
 
