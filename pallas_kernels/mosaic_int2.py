@@ -201,10 +201,10 @@ def thread_order(x, axis: int = -1):
 
 
 def _metadata_in_thread_order(ref, window, part, lane_pair, i32):
-  """A [2, H] f16 ref in `thread_order` -> the 4 pairs (i32 registers) of `part` the thread needs (its column
-  groups g = 0..3, channels 32 part + 8g + 2 (lane % 4)) of row `window`: one 16-byte load. The 4 lanes of a
-  row read 64 contiguous bytes, the same for every row group of a warp (whose rows lie in one window): one
-  shared-memory wavefront a warp where 4 pair loads took 4."""
+  """The 16 bytes at f16 32 part + 8 (lane % 4) of row `window` of a [2, H] f16 ref, as 4 pairs (i32 registers):
+  in `thread_order`, the 4 pairs of `part` the thread needs (its column groups g = 0..3, channels 32 part + 8g +
+  2 (lane % 4)); in channel order, channels 32 part + 8 (lane % 4) .. + 7 (`_keys_by_thread`). One 16-byte load
+  where 4 pair loads took 4 instructions (the same 4 shared-memory wavefronts a warp, ncu s26)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm
