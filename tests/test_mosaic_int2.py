@@ -245,6 +245,20 @@ def test_value_rows_are_the_parts_of_a_threads_byte_column():
                                     8 * warp + j + 32 * np.arange(4))
 
 
+def test_wgmma_layout_is_as_the_register_paths_assume():
+  """`_values_transposed`, `_keys_by_thread` and `_store_in_channel_order` place a thread's registers by the
+  WGMMA layout: first row 16 (warp % 4) + lane // 4, first column 2 (lane % 4), and these static offsets. A JAX
+  whose layout differs would make them wrong on the GPU only; here it fails on any machine."""
+  from jax.experimental.mosaic import gpu as mgpu
+  layout = mgpu.WGMMA_LAYOUT
+  assert (layout.tiling.tiles, layout.warp_dims, layout.lane_dims, layout.vector_dim) == (
+      ((64, 8), (16, 8), (8, 8), (2,)), (-7,), (-3, -2), -1)
+  offsets = lambda shape: sorted((row, col) for _, row, col in mi._register_offsets(shape))
+  assert offsets((128, 64)) == sorted((r, c) for r in (0, 8, 64, 72) for c in range(0, 64, 8))
+  assert offsets((128, 16)) == sorted((r, c) for r in (0, 8, 64, 72) for c in (0, 8))
+  assert offsets((64, 32)) == sorted((r, c) for r in (0, 8) for c in range(0, 32, 8))
+
+
 def test_values_in_registers_match(interpret):
   """The option computes the same attention (the interpret mode goes through shared memory; the register
   path runs on the H200's float64 checks), and is refused without magic exponents."""
