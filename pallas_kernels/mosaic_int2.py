@@ -18,7 +18,9 @@ merges with the others; entries of the other window are masked to -inf.
 
 Values are dequantized in registers (scale and minimum per window and channel), stored to shared memory
 [64 tokens, 128 channels] f16, and O^T [128, 16] += V^T P with V^T read transposed by wgmma and P [64, 16]
-from the softmax, through shared memory.
+from the softmax, through shared memory. With `values_in_registers` (the large-batch default since session 26)
+V^T never goes through shared memory: each thread builds the rows of V^T the wgmma's register operand gives it,
+O^T's rows permuted so that those are the four parts of one code byte a token (`value_row_channels`).
 
 Status (H200, 2026-12-04, `benchmarks/mosaic_int2_bench.py`, `results/decode_attention_notes.md`): with
 `defer_values_wgmma` and `overlap_values=False`, 32k tokens of INT2 in 578 µs at batch 60 against the
