@@ -450,12 +450,12 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref):
     lane_pair = arith.andi(thread, c(3))
     window = arith.shrui(row, c(5))  # both of its rows (row, row + 8) lie in one window
     base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
-    pair_quad = ir.Type.parse("!llvm.struct<(i32, i32)>")
+    two_words = ir.Type.parse("!llvm.struct<(i32, i32)>")
 
     def code_bytes(token):  # bytes 8l .. 8l + 7 of a token's row (32-byte swizzle: whole 16-byte chunks move)
       offset = arith.addi(arith.muli(token, c(32)), arith.muli(lane_pair, c(8)))
       offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(16)))
-      loaded = llvm.inline_asm(pair_quad, [arith.addi(base, offset)], "ld.shared.v2.b32 {$0, $1}, [$2];",
+      loaded = llvm.inline_asm(two_words, [arith.addi(base, offset)], "ld.shared.v2.b32 {$0, $1}, [$2];",
                                "=r,=r,r", has_side_effects=True)  # not moved above the TMA's barrier wait
       return [llvm.extractvalue(i32, loaded, [k]) for k in range(2)]
     rows = {0: code_bytes(row), 8: code_bytes(arith.addi(row, c(8)))}
