@@ -232,6 +232,30 @@ def _static_column_groups(codes) -> list[int]:
   return [col // 8 for col in columns]
 
 
+def _part_of(spread, constants, magic, i32, half2):
+  """One part of the two codes under `prmt`'s spread (i32) as f16x2: the part's bits kept by an AND (with the
+  magic exponents' OR, one LOP3: as an AND and an OR, ptxas kept two, s25's SASS), less the magic number
+  (`magic`, f16x2). `constants`: the part's (mask, exponent, _) from `part_constants`."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax._src.lib.mlir.dialects import arith, llvm
+
+  mask, exponent, _ = constants
+  const = lambda v: arith.constant(i32, v)
+  if exponent:
+    kept = llvm.inline_asm(i32, [spread, const(0x10001 * mask), const(0x10001 * exponent)],
+                           "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r")  # 0xEA: (a & b) | c
+  else:
+    kept = arith.andi(spread, const(0x10001 * mask))
+  return arith.subf(mgpu.utils.bitcast(kept, half2), magic)
+
+
+def _fma_f16x2(x, scale, minimum, half2):
+  """x * scale + minimum, f16x2, as one PTX fma (LLVM widens a <2 x half> fma to two f32 ones with four
+  conversions)."""
+  from jax._src.lib.mlir.dialects import llvm
+  return llvm.inline_asm(half2, [x, scale, minimum], "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
+
+
 def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic_exponents=False,
                     parts=None, bits=2, ldmatrix_metadata=False, metadata_in_thread_order=False):
   """codes [64, 32] uint8 in the WGMMA layout (two codes of a row a register) -> 4 f16 [64, 32] in the WGMMA
@@ -292,13 +316,7 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
       if values and not (ldmatrix_metadata or metadata_in_thread_order):
         window = arith.divui(row, arith.constant(ir.IndexType.get(), WINDOW))
       for part in parts:
-        mask, exponent, _ = constants[part]
-        if exponent:  # one LOP3: as an AND and an OR, ptxas kept two (session 25's SASS: 132 LOP3 a step, not 68)
-          kept = llvm.inline_asm(i32, [spread, const(0x10001 * mask), const(0x10001 * exponent)],
-                                 "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r")  # 0xEA: (a & b) | c
-        else:
-          kept = arith.andi(spread, const(0x10001 * mask))
-        x = arith.subf(mgpu.utils.bitcast(kept, half2), magic[part])
+        x = _part_of(spread, constants[part], magic[part], i32, half2)
         if values:
           if ldmatrix_metadata or metadata_in_thread_order:
             scale, minimum = (pairs[chunks * part + groups[n]] for pairs in loaded)
@@ -309,8 +327,8 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
           if not magic_exponents:
             scale = arith.mulf(scale, mgpu.utils.bitcast(const(0x10001 * _f16_bits((2.0 ** bits) ** -part)),
                                                          half2))
-          if ptx_fma:  # LLVM widens a <2 x half> fma to two f32 ones with four conversions
-            x = llvm.inline_asm(half2, [x, scale, minimum], "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
+          if ptx_fma:
+            x = _fma_f16x2(x, scale, minimum, half2)
           else:
             x = mlir_math.fma(x, scale, minimum)
         registers[part][idx] = x
@@ -410,12 +428,8 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
       if token not in spread:
         spread[token] = llvm.inline_asm(i32, [code_byte(token), code_byte(token + 1)],
                                         "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r")
-      mask, exponent, _ = constants[part]
-      kept = llvm.inline_asm(i32, [spread[token], c(0x10001 * mask), c(0x10001 * exponent)],
-                             "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r")
-      x = arith.subf(mgpu.utils.bitcast(kept, half2), magic[part])
-      registers[idx] = llvm.inline_asm(half2, [x, broadcast(0, window, part), broadcast(1, window, part)],
-                                       "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
+      x = _part_of(spread[token], constants[part], magic[part], i32, half2)
+      registers[idx] = _fma_f16x2(x, broadcast(0, window, part), broadcast(1, window, part), half2)
     return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
   return unpack(codes_ref, scale_ref, minimum_ref)
@@ -470,12 +484,8 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref):
       spread = llvm.inline_asm(i32, [rows[row_offset][g // 2]],
                                f"prmt.b32 $0, $1, 0, 0x{0x4040 | (first + 1) << 8 | first:x};", "=r,r")
       for part in range(4):
-        mask, exponent, _ = constants[part]
-        kept = llvm.inline_asm(i32, [spread, c(0x10001 * mask), c(0x10001 * exponent)],
-                               "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r")
-        x = arith.subf(mgpu.utils.bitcast(kept, half2), magic[part])
-        registers[part][idx] = llvm.inline_asm(half2, [x, metadata[0][4 * part + g], metadata[1][4 * part + g]],
-                                               "fma.rn.f16x2 $0, $1, $2, $3;", "=r,r,r,r")
+        x = _part_of(spread, constants[part], magic[part], i32, half2)
+        registers[part][idx] = _fma_f16x2(x, metadata[0][4 * part + g], metadata[1][4 * part + g], half2)
     return tuple(mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None) for r in registers)
 
   return unpack(codes_ref, scale_ref, minimum_ref)
