@@ -1256,6 +1256,11 @@ def attend(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, 
   return merge(o_t, m, l, q.shape[1])
 
 
+# s25's large-batch kernel: four warpgroups a CTA, the keys dequantized in registers, the lagged maximum, O^T in
+# place, magic exponents and ex2.approx.ftz; the variants from session 25 on add to it.
+_LARGE_BATCH = dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True, in_place_values=True,
+                    magic_exponents=True, approx_math=True)
+
 # Named variants of `int2_decode`'s options, as the benchmarks time them (results/decode_attention_notes.md).
 VARIANTS = {  # name: keyword arguments of int2_decode
     "plain": dict(fast_unpack=False, ptx_fma=False, auto_barriers=True),  # Mosaic's own conversions
@@ -1319,45 +1324,28 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # The large-batch default's kernel (in place, magic exponents), with ex2.approx.ftz for every exp2 (Mosaic's
     # approx_math; the plain exp2 takes a compare and two predicated multiplies around each MUFU.EX2), and
     # that with two 64-token steps a pipeline iteration (one TMA issue of 6 copies, ~100 SASS a warp, for both)
-    "wg4_large_batch_ftz": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True,
-                                in_place_values=True, magic_exponents=True, approx_math=True),
-    "wg4_large_batch_ftz_block2": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True,
-                                       in_place_values=True, magic_exponents=True, approx_math=True,
-                                       steps_per_block=2),
+    "wg4_large_batch_ftz": _LARGE_BATCH,
+    "wg4_large_batch_ftz_block2": dict(_LARGE_BATCH, steps_per_block=2),
     # that, with V^T as the V wgmma's register operand (no V in shared memory), dequantized after the score
-    # wgmma is waited for, or while it runs
-    "wg4_large_batch_ftz_vregs": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True,
-                                      in_place_values=True, magic_exponents=True, approx_math=True,
-                                      values_in_registers=True),
-    "wg4_large_batch_ftz_vregs_overlap": dict(overlap_values=True, warpgroups=4, dequantize_keys=True,
-                                              lagged_max=True, in_place_values=True, magic_exponents=True,
-                                              approx_math=True, values_in_registers=True),
-    # that, with a block's copies issued by one warp of the four
-    "wg4_large_batch_ftz_vregs_one_warp_fetch": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
-                                                     lagged_max=True, in_place_values=True, magic_exponents=True,
-                                                     approx_math=True, values_in_registers=True,
-                                                     fetch_by_one_warp=True),
+    # wgmma is waited for (16 % faster, s26: the large-batch default), or while it runs (13 %)
+    "wg4_large_batch_ftz_vregs": dict(_LARGE_BATCH, values_in_registers=True),
+    "wg4_large_batch_ftz_vregs_overlap": dict(_LARGE_BATCH, values_in_registers=True, overlap_values=True),
+    # that, with a block's copies issued by one warp of the four (untimed)
+    "wg4_large_batch_ftz_vregs_one_warp_fetch": dict(_LARGE_BATCH, values_in_registers=True, fetch_by_one_warp=True),
     # that, with the keys' channels permuted (and q^T's): a thread's code bytes and scales by 8- and 16-byte loads
-    "wg4_large_batch_ftz_vregs_permuted_keys": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
-                                                    lagged_max=True, in_place_values=True, magic_exponents=True,
-                                                    approx_math=True, values_in_registers=True, permuted_keys=True),
-    # both untimed changes together
+    # (untimed); and both untimed changes together
+    "wg4_large_batch_ftz_vregs_permuted_keys": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True),
     "wg4_large_batch_ftz_vregs_permuted_keys_one_warp_fetch": dict(
-        overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True, in_place_values=True,
-        magic_exponents=True, approx_math=True, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True),
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True),
     # that, with the scales and minimums in `thread_order`: the keys' 4 pairs of a part by one 16-byte load
-    "wg4_large_batch_ftz_vregs_thread_order": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
-                                                   lagged_max=True, in_place_values=True, magic_exponents=True,
-                                                   approx_math=True, values_in_registers=True,
+    # (untimed; the caller's metadata must be in that order)
+    "wg4_large_batch_ftz_vregs_thread_order": dict(_LARGE_BATCH, values_in_registers=True,
                                                    metadata_in_thread_order=True),
-    # that, with three pipeline slots where two were (another 24 KB a CTA: 208 KB; untimed)
-    "wg4_large_batch_ftz_s3": dict(overlap_values=False, warpgroups=4, dequantize_keys=True, lagged_max=True,
-                                   in_place_values=True, magic_exponents=True, approx_math=True, stages=3),
-    # that, with the scales and minimums in `thread_order`: a part's 4 pairs by one 16-byte load (the caller's
-    # metadata must be in that order: `thread_order`)
-    "wg4_large_batch_ftz_thread_order": dict(overlap_values=False, warpgroups=4, dequantize_keys=True,
-                                             lagged_max=True, in_place_values=True, magic_exponents=True,
-                                             approx_math=True, metadata_in_thread_order=True),
+    # s25's kernel with three pipeline slots where two were (another 24 KB a CTA: 208 KB; no faster, s26)
+    "wg4_large_batch_ftz_s3": dict(_LARGE_BATCH, stages=3),
+    # s25's kernel with the scales and minimums in `thread_order`: a part's 4 pairs by one 16-byte load (no
+    # faster, s26; the caller's metadata must be in that order: `thread_order`)
+    "wg4_large_batch_ftz_thread_order": dict(_LARGE_BATCH, metadata_in_thread_order=True),
     "by_part": dict(values_by_part=True),  # the values stored a part at a time (untimed, s20)
     "keys_smem": dict(keys_in_smem=True, values_by_part=True),  # keys through shared memory too (untimed)
 }
