@@ -168,28 +168,15 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
                                           lagged_max=True, in_place_values=True, magic_exponents=True,
                                           ldmatrix_metadata=True),
-                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
-                                          lagged_max=True, in_place_values=True, magic_exponents=True,
-                                          approx_math=True, steps_per_block=2),
-                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
-                                          lagged_max=True, in_place_values=True, magic_exponents=True,
-                                          approx_math=True, metadata_in_thread_order=True),
-                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
-                                          lagged_max=True, in_place_values=True, magic_exponents=True,
-                                          approx_math=True, stages=3),
-                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
-                                          lagged_max=True, in_place_values=True, magic_exponents=True,
-                                          approx_math=True, values_in_registers=True),
+                                     *(dict(mi.VARIANTS[name], ranged=True) for name in (  # s25's kernel and on
+                                         "wg4_large_batch_ftz_block2", "wg4_large_batch_ftz_thread_order",
+                                         "wg4_large_batch_ftz_s3", "wg4_large_batch_ftz_vregs",
+                                         "wg4_large_batch_ftz_vregs_one_warp_fetch",
+                                         "wg4_large_batch_ftz_vregs_permuted_keys")),
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
                                           values_in_registers=True),
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
-                                          values_in_registers=True, metadata_in_thread_order=True),
-                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
-                                          lagged_max=True, in_place_values=True, magic_exponents=True,
-                                          approx_math=True, values_in_registers=True, fetch_by_one_warp=True),
-                                     dict(ranged=True, warpgroups=4, overlap_values=False, dequantize_keys=True,
-                                          lagged_max=True, in_place_values=True, magic_exponents=True,
-                                          approx_math=True, values_in_registers=True, permuted_keys=True)])
+                                          values_in_registers=True, metadata_in_thread_order=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
