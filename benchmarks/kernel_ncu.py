@@ -73,7 +73,7 @@ def profile(args) -> None:
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   log = [f"date: {datetime.datetime.now().isoformat(timespec='seconds')}", f"ncu: {ncu}",
-         f"command: {' '.join(sys.argv)}"]
+         f"device: {_device_name()}", f"command: {args.command}"]
   for plan in args.plans:
     rep = out / f"{plan}_b{args.batch}_t{args.tokens}_{args.variant}"
     cmd = [ncu, "--clock-control", "none", "--kernel-name", f"regex:{args.kernel}", "--launch-count", "4",
@@ -128,13 +128,33 @@ _SHARED_PIPE = ["l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elaps
                 "l1tex__data_bank_writes.avg.pct_of_peak_sustained_elapsed"]
 
 
-def summarize(prefix: str) -> str:
+def _device_name() -> str:
+  found = shutil.which("nvidia-smi")
+  if not found:
+    return "unknown"
+  r = subprocess.run([found, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+  return r.stdout.strip().splitlines()[0] if r.returncode == 0 and r.stdout.strip() else "unknown"
+
+
+def _provenance(prefix: str) -> list[str]:
+  """The date, device and command of the profile run that wrote `prefix`'s pages, from the `ncu_log.txt`
+  beside them, where that run is the log's (a later `profile` into the same folder rewrites the log)."""
+  log = Path(prefix).parent / "ncu_log.txt"
+  text = log.read_text() if log.exists() else ""
+  if f"{Path(prefix).name} " not in text:
+    return []
+  return [f"- {line}" for line in text.splitlines() if line.split(":")[0] in ("date", "device", "command")]
+
+
+def summarize(prefix: str, notes: tuple[str, ...] = ()) -> str:
   """Markdown of one profiled launch (the first of the report): its key metrics, why warps stalled, and
-  the SASS opcodes by executed instructions and stall samples, overall and in the hottest loop."""
+  the SASS opcodes by executed instructions and stall samples, overall and in the hottest loop. Its
+  provenance from the profile's log where it has it, and `notes` (lines of it the log lacks)."""
   details = list(csv.DictReader(open(f"{prefix}_details.csv")))
   first = details[0]["ID"]
   lines = [f"# ncu: {Path(prefix).name} ({details[0]['Kernel Name']}, block {details[0]['Block Size']}, "
-           f"grid {details[0]['Grid Size']})", "", "| metric | value |", "|---|---:|"]
+           f"grid {details[0]['Grid Size']})", "", *_provenance(prefix), *[f"- {n}" for n in notes], "",
+           "| metric | value |", "|---|---:|"]
   seen = {}
   for r in details:
     if r["ID"] == first and r["Metric Name"] in _DETAILS and r["Metric Name"] not in seen:
@@ -195,6 +215,7 @@ def main(argv=None):
   summary = sub.add_parser("summarize")
   summary.add_argument("prefix", help="a profile's path without _details.csv")
   summary.add_argument("--out", help="markdown file (default: print)")
+  summary.add_argument("--note", action="append", default=[], help="a line of provenance the log lacks")
   for name in ("call", "profile"):
     p = sub.add_parser(name)
     p.add_argument("--batch", type=int, default=8)
@@ -210,8 +231,9 @@ def main(argv=None):
       p.add_argument("--summary", action="store_true", help="write each profile's summary (markdown) beside it")
       p.add_argument("--archive", help="then pack the folder's pages (not the .ncu-rep reports) into this .tgz")
   args = ap.parse_args(argv)
+  args.command = " ".join(["benchmarks/kernel_ncu.py", *(sys.argv[1:] if argv is None else argv)])
   if args.mode == "summarize":
-    text = summarize(args.prefix)
+    text = summarize(args.prefix, tuple(args.note))
     if args.out:
       Path(args.out).write_text(text)
     print(text)

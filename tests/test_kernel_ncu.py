@@ -97,4 +97,8 @@ def test_profile_writes_summaries_and_one_archive(tmp_path, monkeypatch):
   names = set(tarfile.open(archive).getnames())
   assert {"ncu/int2_b8_t32768_default_details.csv", "ncu/int2_b8_t32768_default.md", "ncu/ncu_log.txt"} <= names
   assert not any(n.endswith(".ncu-rep") for n in names)
-  assert "| Duration | 9.5 us |" in (out / "int2_b8_t32768_default.md").read_text()
+  summary = (out / "int2_b8_t32768_default.md").read_text()
+  assert "| Duration | 9.5 us |" in summary
+  assert "\n- date: " in summary and "\n- device: " in summary and "--plans int2" in summary  # its provenance
+  assert "\n- device: H200 (this run)" in kernel_ncu.summarize(str(out / "int2_b8_t32768_default"),
+                                                              ("device: H200 (this run)",))
