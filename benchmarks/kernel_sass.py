@@ -177,16 +177,23 @@ def compile_ptx(path: str, out: str = "/tmp/kernel_sass", ptxas_version: str = "
   opener = gzip.open if path.endswith(".gz") else open
   with opener(path, "rt", errors="replace") as f:
     ptx = ptx_for(ptx_of(f.read()), ptxas_version)
-  os.makedirs(out, exist_ok=True)
-  stem = os.path.join(out, re.sub(r"(\.log|\.ptx)?(\.gz)?$", "", os.path.basename(path)))
+  stem = re.sub(r"(\.log|\.ptx)?(\.gz)?$", "", os.path.basename(path))
+  report, sass = compile_ptx_text(ptx, os.path.join(out, stem))
+  print(path + ":", report)
+  _print_loops(sass)
+
+
+def compile_ptx_text(ptx: str, stem: str) -> tuple[str, str]:
+  """PTX compiled for sm_90a with pip triton's ptxas into `stem`.cubin (and .ptx, .sass beside it): ptxas'
+  registers and spills, and the SASS."""
+  os.makedirs(os.path.dirname(stem) or ".", exist_ok=True)
   with open(stem + ".ptx", "w") as f:
     f.write(ptx)
   report = subprocess.run([_triton_tool("ptxas"), "-arch=sm_90a", "-O3", "-v", stem + ".ptx", "-o", stem + ".cubin"],
                           capture_output=True, text=True, check=True).stderr
   sass = _sass_of(stem + ".cubin", stem + ".sass")
-  print(path + ":", "; ".join(line.split(":", 1)[-1].strip() for line in report.splitlines()
-                              if "Used" in line or "spill" in line))
-  _print_loops(sass)
+  return "; ".join(line.split(":", 1)[-1].strip() for line in report.splitlines()
+                   if "Used" in line or "spill" in line), sass
 
 
 def main(argv=None):

@@ -394,3 +394,11 @@ def test_lagged_max_leaves_one_barrier_a_step():
   assert barriers.loop_barriers(barriers.kernel_mlir("deferred_dequantized_keys_lagged")) == (1, 3)
   assert barriers.loop_barriers(barriers.kernel_mlir("deferred_values_first")) == (4, 0)
   assert barriers.loop_barriers(barriers.kernel_mlir("values_first_wg4_keys_lagged")) == (1, 3)  # 4 a CTA
+
+
+def test_offline_sass_tool_takes_the_serialized_module():
+  """`benchmarks/mosaic_sass.py` hands the plugin's compiler the module as the custom call carries it: MLIR
+  bytecode, after Mosaic's serialization pass, from a lowering for CUDA on this machine."""
+  from benchmarks import mosaic_sass
+  module = mosaic_sass.serialized_module("wg4_large_batch_ftz_vregs", batch=8, tokens=512, splits=4)
+  assert module[:4] == b"ML\xefR"  # MLIR's bytecode magic

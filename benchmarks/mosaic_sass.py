@@ -1,0 +1,223 @@
+"""Offline SASS of the Mosaic GPU INT2 kernel's variants, on a machine without a GPU (JAX >= 0.11).
+
+Mosaic GPU compiles a kernel (MLIR -> LLVM -> PTX -> ptxas) inside the CUDA PJRT plugin, the first time XLA runs
+it. That compiler can run without a GPU: the plugin exports `MosaicGpuCompile`, which asks the driver only for
+the device's compute capability. For each variant this script
+  1. lowers the kernel for CUDA (`--batch` x `--tokens` INT2 pool, `--splits`) and keeps the module that Mosaic
+     serializes into the custom call;
+  2. hands it to `MosaicGpuCompile` in a child process whose `libcuda.so.1` is a stand-in built here with gcc
+     (`STAND_IN_DRIVER`: an sm_90 device, nothing else), with pip triton's ptxas and libdevice as the toolkit;
+     Mosaic dumps the PTX and ptxas' report (`MOSAIC_GPU_DUMP_PTX`, `_PTXAS`); its host-side JIT then fails
+     for want of the runtime library, after the dumps: nothing runs;
+  3. compiles the PTX with the same ptxas (`kernel_sass.compile_ptx`) and counts each loop's SASS.
+
+Needs Python >= 3.12, `jax==0.11.2 jaxlib`, `triton` (ptxas 12.9, libdevice) and the plugin's shared library
+(`--plugin`, default: fetched once by `pip download --no-deps jax-cuda12-pjrt==<jax version>` into `--cache`,
+188 MB). Counts are ptxas 12.9's, for PTX ISA 8.8; the H200's ptxas (ISA 9.0) gave the same 622 SASS in the
+session-26 default's main loop. They compare variants' instructions; only the device times them.
+
+    PYTHONPATH=. python benchmarks/mosaic_sass.py --variants wg4_large_batch_ftz_vregs \
+        wg4_large_batch_ftz_vregs_one_warp_fetch --tag mosaic_sass_s27
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import glob
+import io
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+STAND_IN_DRIVER = r"""
+/* A stand-in libcuda.so.1: what Mosaic GPU's compiler asks of the driver (an sm_90 device), nothing more. */
+typedef int CUresult;
+CUresult cuInit(unsigned flags) { return 0; }
+CUresult cuDriverGetVersion(int* version) { *version = 12080; return 0; }
+CUresult cuCtxGetDevice(int* device) { *device = 0; return 0; }
+CUresult cuDeviceGetAttribute(int* value, int attribute, int device) {
+  *value = attribute == 75 ? 9 : 0;  /* COMPUTE_CAPABILITY_MAJOR = 75, _MINOR = 76 */
+  return 0;
+}
+CUresult cuGetErrorString(CUresult result, const char** text) { *text = "stand-in driver: no GPU"; return 0; }
+"""
+
+
+def stand_in_driver(cache: Path) -> Path:
+  """A directory holding the stand-in `libcuda.so.1`, built with gcc if it is not there yet."""
+  directory = cache / "driver"
+  library = directory / "libcuda.so.1"
+  if not library.exists():
+    directory.mkdir(parents=True, exist_ok=True)
+    source = directory / "stand_in_driver.c"
+    source.write_text(STAND_IN_DRIVER)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+  return directory
+
+
+def toolkit(cache: Path) -> Path:
+  """A CUDA root made of pip triton's ptxas and libdevice (the layout Mosaic GPU's compiler looks for)."""
+  try:
+    import triton
+  except ImportError:
+    sys.exit("mosaic_sass needs pip's triton for ptxas and libdevice: pip install triton")
+  nvidia = Path(triton.__file__).parent / "backends" / "nvidia"
+  root = cache / "cuda"
+  for source, target in [(nvidia / "bin" / "ptxas", root / "bin" / "ptxas"),
+                         (nvidia / "lib" / "libdevice.10.bc", root / "nvvm" / "libdevice" / "libdevice.10.bc")]:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if not target.exists():
+      target.symlink_to(source)
+  return root
+
+
+def plugin_library(cache: Path, given: str | None) -> Path:
+  """The CUDA PJRT plugin's shared library (which holds `MosaicGpuCompile`), fetched if not given."""
+  if given:
+    return Path(given)
+  import jax
+  found = glob.glob(str(cache / "plugin" / "jax_plugins" / "xla_cuda12" / "xla_cuda_plugin.so"))
+  if found:
+    return Path(found[0])
+  wheels = cache / "wheels"
+  subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels),
+                  f"jax-cuda12-pjrt=={jax.__version__}"], check=True)
+  [wheel] = glob.glob(str(wheels / f"jax_cuda12_pjrt-{jax.__version__}-*.whl"))
+  with zipfile.ZipFile(wheel) as archive:
+    archive.extract("jax_plugins/xla_cuda12/xla_cuda_plugin.so", cache / "plugin")
+  return cache / "plugin" / "jax_plugins" / "xla_cuda12" / "xla_cuda_plugin.so"
+
+
+def serialized_module(variant: str, batch: int, tokens: int, splits: int) -> bytes:
+  """The variant's Mosaic module as the custom call carries it (bytecode after Mosaic's serialization pass),
+  for `batch` (request, KV head) pairs x an INT2 pool of `tokens` (Qwen2-7B: 7 query heads a KV head)."""
+  import jax
+  import jax.numpy as jnp
+  from jax.experimental.mosaic.gpu import core
+
+  from pallas_kernels import mosaic_int2 as mi
+
+  captured = []
+  serde = core._run_serde_pass
+
+  def capture(module, *, serialize, ir_version=None):
+    out = serde(module, serialize=serialize, ir_version=ir_version)
+    if serialize:
+      buffer = io.BytesIO()
+      out.operation.write_bytecode(buffer)
+      captured.append(buffer.getvalue())
+    return out
+
+  codes = jax.ShapeDtypeStruct((batch, tokens, mi.HEAD_DIM // 4), jnp.uint8)
+  metadata = jax.ShapeDtypeStruct((batch, tokens // mi.WINDOW, mi.HEAD_DIM), jnp.float16)
+  shapes = [jax.ShapeDtypeStruct((batch, 7, mi.HEAD_DIM), jnp.float32), codes, metadata, metadata, codes, metadata,
+            metadata]
+  options = dict(mi.VARIANTS[variant])
+  fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, **options))
+  core._run_serde_pass = capture
+  try:
+    fn.trace(*shapes).lower(lowering_platforms=("cuda",))
+  finally:
+    core._run_serde_pass = serde
+  return captured[-1]
+
+
+def _compile_in_this_process(args) -> None:
+  """The child's part: lower, then run the plugin's compiler, which dumps into MOSAIC_GPU_DUMP_TO."""
+  module = serialized_module(args.variant, args.batch, args.tokens, args.splits)
+  compile_module = ctypes.CDLL(args.plugin).MosaicGpuCompile
+  compile_module.argtypes = [ctypes.c_char_p, ctypes.c_int]
+  compile_module.restype = ctypes.c_void_p
+  compile_module(module, len(module))  # fails after the dumps: the host JIT lacks Mosaic's runtime library
+
+
+def compile_variant(variant: str, out: Path, *, batch: int, tokens: int, splits: int, plugin: Path,
+                    cache: Path) -> Path:
+  """Dumps the variant's PTX and ptxas report under `out/variant`; returns the PTX's path."""
+  dump = out / variant
+  dump.mkdir(parents=True, exist_ok=True)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", MOSAIC_GPU_CUDA_ROOT=str(toolkit(cache)),
+             LD_LIBRARY_PATH=os.pathsep.join(filter(None, [str(stand_in_driver(cache)),
+                                                            os.environ.get("LD_LIBRARY_PATH")])),
+             MOSAIC_GPU_DUMP_TO=str(dump), MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1")
+  command = [sys.executable, __file__, "--child", "--variant", variant, "--batch", str(batch), "--tokens",
+             str(tokens), "--splits", str(splits), "--plugin", str(plugin)]
+  log = subprocess.run(command, env=env, capture_output=True, text=True)
+  ptx = sorted(dump.glob("*.ptx"))
+  if not ptx:
+    raise RuntimeError(f"{variant}: no PTX dumped (exit {log.returncode}):\n{log.stderr[-3000:]}")
+  return ptx[-1]
+
+
+def summarize(variant: str, ptx: Path, out: Path) -> dict:
+  """Registers, spills and each loop's SASS count (the longest first) of the variant's compiled PTX."""
+  from benchmarks import kernel_sass
+
+  ptx_88 = kernel_sass.ptx_for(ptx.read_text(), "8.8")  # the plugin's own PTX compiler writes ISA 9.0
+  report, sass = kernel_sass.compile_ptx_text(ptx_88, str(out / variant / "sass"))
+  loops = sorted(kernel_sass.loops(sass), key=lambda loop: -sum(loop[2].values()))
+  return dict(variant=variant, report=report, loops=[
+      dict(start=hex(start), end=hex(end), instructions=sum(ops.values()), top=dict(ops.most_common(12)))
+      for start, end, ops in loops])
+
+
+def markdown(rows: list[dict], command: str, date: str) -> str:
+  lines = ["# Mosaic INT2 kernel: SASS a loop, compiled offline", "", f"- command: `{command}`", f"- date: {date}",
+           "- device: none (CPU); the CUDA PJRT plugin's Mosaic compiler with a stand-in driver (sm_90a), pip "
+           "triton's ptxas 12.9", "",
+           "Each loop is a backward branch and the code it spans (nested loops are counted inside their parents).",
+           "", "| variant | ptxas | loops (SASS each, largest first) |", "|---|---|---|"]
+  for row in rows:
+    counts = ", ".join(str(loop["instructions"]) for loop in row["loops"][:4])
+    lines.append(f"| {row['variant']} | {row['report']} | {counts} |")
+  lines += ["", "Opcodes of each variant's largest loops:", ""]
+  for row in rows:
+    for loop in row["loops"][:2]:
+      top = ", ".join(f"{k} {v}" for k, v in loop["top"].items())
+      lines.append(f"- {row['variant']} {loop['start']}-{loop['end']} ({loop['instructions']}): {top}")
+  return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("--variants", nargs="+", default=["wg4_large_batch_ftz_vregs"])
+  ap.add_argument("--batch", type=int, default=128, help="(request, KV head) pairs: 128 is batch 32 of Qwen2-7B")
+  ap.add_argument("--tokens", type=int, default=19968)
+  ap.add_argument("--splits", type=int, default=4)
+  ap.add_argument("--plugin", help="xla_cuda_plugin.so of jax-cuda12-pjrt (fetched into --cache if not given)")
+  ap.add_argument("--cache", default=os.path.expanduser("~/.cache/wq_mosaic_sass"))
+  ap.add_argument("--out", default="/tmp/mosaic_sass")
+  ap.add_argument("--results", default=None, help="write JSON and markdown here (e.g. benchmarks/results)")
+  ap.add_argument("--tag", default="mosaic_sass")
+  ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+  ap.add_argument("--variant", help=argparse.SUPPRESS)
+  args = ap.parse_args(argv)
+  if args.child:
+    return _compile_in_this_process(args)
+  from benchmarks.harness import provenance
+
+  cache, out = Path(args.cache), Path(args.out)
+  plugin = plugin_library(cache, args.plugin)
+  rows = []
+  for variant in args.variants:
+    ptx = compile_variant(variant, out, batch=args.batch, tokens=args.tokens, splits=args.splits, plugin=plugin,
+                          cache=cache)
+    rows.append(summarize(variant, ptx, out))
+    loops = ", ".join(str(loop["instructions"]) for loop in rows[-1]["loops"][:4])
+    print(f"{variant}: {rows[-1]['report']}; loops {loops}", flush=True)
+  if args.results:
+    meta = provenance()
+    command = meta["command"]
+    Path(args.results).mkdir(parents=True, exist_ok=True)
+    with open(Path(args.results) / f"{args.tag}.json", "w") as f:
+      json.dump(dict(command=command, date=meta["date"], rows=rows), f, indent=1)
+    with open(Path(args.results) / f"{args.tag}.md", "w") as f:
+      f.write(markdown(rows, command, meta["date"]))
+
+
+if __name__ == "__main__":
+  sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+  main()
