@@ -426,6 +426,9 @@ VARIANTS = {
     "mosaic_int2_int4_wg4": dataclasses.replace(qd.MOSAIC_FOUR_WARPGROUPS, int4_mosaic=True),  # INT4 too (s23)
     "mosaic_int2_wg4_merged": qd.MOSAIC_FOUR_WARPGROUPS_MERGED,  # the two sets merged in one launch (s24)
     "mosaic_int2_wg4_pdl": qd.MOSAIC_FOUR_WARPGROUPS_PDL,  # launched under PDL (no faster, s24)
+    "mosaic_int2_wg4_vregs": qd.MOSAIC_FOUR_WARPGROUPS_VREGS,  # V^T in registers: the large-batch default (s26)
+    "mosaic_int2_wg4_vregs_int4": qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4,  # that, and INT4 pools through it (s27)
+    "mosaic_int2_wg4_lean": qd.MOSAIC_FOUR_WARPGROUPS_LEAN,  # permuted keys, copies by one warp (s27)
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=tuple(mi.VARIANTS["deferred_values_first_block2"].items())),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)

@@ -91,9 +91,11 @@ def plugin_library(cache: Path, given: str | None) -> Path:
   return cache / "plugin" / "jax_plugins" / "xla_cuda12" / "xla_cuda_plugin.so"
 
 
-def serialized_module(variant: str, batch: int, tokens: int, splits: int) -> bytes:
+def serialized_module(variant: str, batch: int, tokens: int, splits: int, overrides: dict | None = None,
+                      bits: int = 2) -> bytes:
   """The variant's Mosaic module as the custom call carries it (bytecode after Mosaic's serialization pass),
-  for `batch` (request, KV head) pairs x an INT2 pool of `tokens` (Qwen2-7B: 7 query heads a KV head)."""
+  for `batch` (request, KV head) pairs x a pool of `tokens` INT2 (or `bits`) codes (Qwen2-7B: 7 query heads a
+  KV head), with `overrides` of its options."""
   import jax
   import jax.numpy as jnp
   from jax.experimental.mosaic.gpu import core
@@ -111,11 +113,11 @@ def serialized_module(variant: str, batch: int, tokens: int, splits: int) -> byt
       captured.append(buffer.getvalue())
     return out
 
-  codes = jax.ShapeDtypeStruct((batch, tokens, mi.HEAD_DIM // 4), jnp.uint8)
+  codes = jax.ShapeDtypeStruct((batch, tokens, mi.HEAD_DIM * bits // 8), jnp.uint8)
   metadata = jax.ShapeDtypeStruct((batch, tokens // mi.WINDOW, mi.HEAD_DIM), jnp.float16)
   shapes = [jax.ShapeDtypeStruct((batch, 7, mi.HEAD_DIM), jnp.float32), codes, metadata, metadata, codes, metadata,
             metadata]
-  options = dict(mi.VARIANTS[variant])
+  options = dict(mi.VARIANTS[variant], **(overrides or {}))
   fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, **options))
   core._run_serde_pass = capture
   try:
@@ -127,7 +129,8 @@ def serialized_module(variant: str, batch: int, tokens: int, splits: int) -> byt
 
 def _compile_in_this_process(args) -> None:
   """The child's part: lower, then run the plugin's compiler, which dumps into MOSAIC_GPU_DUMP_TO."""
-  module = serialized_module(args.variant, args.batch, args.tokens, args.splits)
+  module = serialized_module(args.variant, args.batch, args.tokens, args.splits, json.loads(args.overrides),
+                             args.bits)
   compile_module = ctypes.CDLL(args.plugin).MosaicGpuCompile
   compile_module.argtypes = [ctypes.c_char_p, ctypes.c_int]
   compile_module.restype = ctypes.c_void_p
@@ -135,7 +138,7 @@ def _compile_in_this_process(args) -> None:
 
 
 def compile_variant(variant: str, out: Path, *, batch: int, tokens: int, splits: int, plugin: Path,
-                    cache: Path) -> Path:
+                    cache: Path, overrides: str = "{}", bits: int = 2) -> Path:
   """Dumps the variant's PTX and ptxas report under `out/variant`; returns the PTX's path."""
   dump = out / variant
   dump.mkdir(parents=True, exist_ok=True)
@@ -144,7 +147,8 @@ def compile_variant(variant: str, out: Path, *, batch: int, tokens: int, splits:
                                                             os.environ.get("LD_LIBRARY_PATH")])),
              MOSAIC_GPU_DUMP_TO=str(dump), MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1")
   command = [sys.executable, __file__, "--child", "--variant", variant, "--batch", str(batch), "--tokens",
-             str(tokens), "--splits", str(splits), "--plugin", str(plugin)]
+             str(tokens), "--splits", str(splits), "--plugin", str(plugin), "--overrides", overrides,
+             "--bits", str(bits)]
   log = subprocess.run(command, env=env, capture_output=True, text=True)
   ptx = sorted(dump.glob("*.ptx"))
   if not ptx:
@@ -164,8 +168,9 @@ def summarize(variant: str, ptx: Path, out: Path) -> dict:
       for start, end, ops in loops])
 
 
-def markdown(rows: list[dict], command: str, date: str) -> str:
+def markdown(rows: list[dict], command: str, date: str, setting: str = "") -> str:
   lines = ["# Mosaic INT2 kernel: SASS a loop, compiled offline", "", f"- command: `{command}`", f"- date: {date}",
+           *([f"- lowered for: {setting}"] if setting else []),
            "- device: none (CPU); the CUDA PJRT plugin's Mosaic compiler with a stand-in driver (sm_90a), pip "
            "triton's ptxas 12.9", "",
            "Each loop is a backward branch and the code it spans (nested loops are counted inside their parents).",
@@ -187,6 +192,8 @@ def main(argv=None):
   ap.add_argument("--batch", type=int, default=128, help="(request, KV head) pairs: 128 is batch 32 of Qwen2-7B")
   ap.add_argument("--tokens", type=int, default=19968)
   ap.add_argument("--splits", type=int, default=4)
+  ap.add_argument("--bits", type=int, default=2, choices=[2, 4], help="the pool's codes: INT2 or INT4")
+  ap.add_argument("--overrides", default="{}", help='options set on every variant, as JSON: \'{"stages": 3}\'')
   ap.add_argument("--plugin", help="xla_cuda_plugin.so of jax-cuda12-pjrt (fetched into --cache if not given)")
   ap.add_argument("--cache", default=os.path.expanduser("~/.cache/wq_mosaic_sass"))
   ap.add_argument("--out", default="/tmp/mosaic_sass")
@@ -204,18 +211,20 @@ def main(argv=None):
   rows = []
   for variant in args.variants:
     ptx = compile_variant(variant, out, batch=args.batch, tokens=args.tokens, splits=args.splits, plugin=plugin,
-                          cache=cache)
+                          cache=cache, overrides=args.overrides, bits=args.bits)
     rows.append(summarize(variant, ptx, out))
     loops = ", ".join(str(loop["instructions"]) for loop in rows[-1]["loops"][:4])
     print(f"{variant}: {rows[-1]['report']}; loops {loops}", flush=True)
   if args.results:
     meta = provenance()
+    setting = (f"{args.batch} (request, KV head) pairs x {args.tokens} tokens of INT{args.bits} codes, {args.splits} "
+               f"splits, options overridden by {args.overrides}")
     command = meta["command"]
     Path(args.results).mkdir(parents=True, exist_ok=True)
     with open(Path(args.results) / f"{args.tag}.json", "w") as f:
-      json.dump(dict(command=command, date=meta["date"], rows=rows), f, indent=1)
+      json.dump(dict(command=command, date=meta["date"], setting=setting, rows=rows), f, indent=1)
     with open(Path(args.results) / f"{args.tag}.md", "w") as f:
-      f.write(markdown(rows, command, meta["date"]))
+      f.write(markdown(rows, command, meta["date"], setting))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ log2 e and the softmax scale). H = 128, window 32.
 
 INT4 pools take the same kernel: codes [N, T, H/2] (byte j holds channels j and j + 64), so 2 parts of 64
 channels, 16^p c, instead of 4 of 32 (the bit width follows from the codes' shape; 1.08 x the Triton INT4
-launch at batch 8, 0.91 x at 60, session 23: off by default).
+launch at batch 8, 0.91 x at 60, session 23: off by default). Since session 27 the large-batch options take INT4
+too (magic exponents under 2^(10 - 4p), V^T in registers from a token's two code bytes: `value_row_byte`;
+`"pallas:mosaic_int2_wg4_vregs_int4"`, compiled offline but not yet timed).
 """
 from __future__ import annotations
 
@@ -268,8 +270,8 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
   removes the 1024; values take one f16x2 fma with the window's scale (times 4^-p) and minimum, loaded a pair
   at a time, or with `ldmatrix_metadata` all 16 pairs of each by four `ldmatrix` (`_metadata_by_ldmatrix`).
   With `magic_exponents` the permute leaves the high bytes zero and part p's bits go under the exponent of
-  2^(10 - 2p), whose mantissa bit 2p is worth 1 (one AND-OR, the Triton kernel's trick): the subtract then
-  leaves c itself, and neither q nor the values' scales carry 4^-p. `parts`: which of them to return.
+  2^(10 - bits p), whose mantissa bit bits x p is worth 1 (one AND-OR, the Triton kernel's trick): the subtract
+  then leaves c itself, and neither q nor the values' scales carry (2^bits)^-p. `parts`: which of them to return.
   `metadata_in_thread_order`: the scales and minimums are in `thread_order`, and a part's 4 pairs of each come
   by one 16-byte load (`_metadata_in_thread_order`; INT2 only).
   """
@@ -348,6 +350,13 @@ def value_row_channels() -> np.ndarray:
   return column + 32 * (2 * (row // STEP) + (row % 16) // 8)
 
 
+def value_row_byte(group: int, bits: int) -> tuple[int, int]:
+  """`values_in_registers`: where the channel b + 32 group of `value_row_channels` lies in a token's codes, as
+  (offset from byte column b, part): INT2's four groups are the four parts of byte b; INT4's are the two parts
+  of bytes b and b + 32 (byte j holds channels j and j + 64)."""
+  return (0, group) if bits == 2 else (32 * (group % 2), group // 2)
+
+
 def _thread_position(i32):
   """(b, f) of this thread in the WGMMA layout (i32 values): its first row 16w + j (w: the warp of its
   warpgroup, j = lane // 4) as the byte column b = 8w + j of `value_row_channels`, and its first column
@@ -371,7 +380,7 @@ def _register_offsets(shape):
     yield (idx, *divmod(sum(i * s for i, s in zip(idx, strides)), shape[1]))
 
 
-def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_order=False):
+def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_order=False, bits=2):
   """A step's values as the V wgmma's register operand: V^T f16 [128, 64] (WGMMA layout), row r channel
   `value_row_channels()[r]`, column t token t, from the codes [64, 32] (uint8, 32-byte swizzle) and the [2, H]
   scales and minimums. A thread holds byte column b = 8w + lane // 4 of 16 tokens (2 (lane % 4) + 8i and the
@@ -379,8 +388,12 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
   LOP3, the subtraction and one f16x2 fma with the window's scale and minimum (both halves one channel and
   window: 16 loads of one f16 a thread a step, where the WGMMA layout of the codes takes 32 of a pair). No
   stores of V to shared memory and no V reads by the wgmma: they were 40 % of the kernel's shared-memory
-  wavefronts (ncu, s26). Magic exponents, INT2. `metadata_in_thread_order`: the scales and minimums are in
-  `thread_order` (channel 8g + 2l + e of a part at 8l + 2g + e)."""
+  wavefronts (ncu, s26). Magic exponents. `metadata_in_thread_order`: the scales and minimums are in
+  `thread_order` (channel 8g + 2l + e of a part at 8l + 2g + e; INT2).
+
+  `bits=4`: codes [64, 64] (64-byte swizzle), byte j holding channels j and j + 64. The thread's rows are the
+  same channels, b + 32 (2m + h): those of row half h are the two parts (m) of byte column b + 32h, so a token
+  takes two bytes, one a half."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -389,7 +402,8 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
   wgmma = plgpu.Layout.WGMMA
   shape = (HEAD_DIM, STEP)
 
-  codes_type = plgpu.RefType((plgpu.TilingTransform((8, HEAD_DIM // 4)), plgpu.SwizzleTransform(HEAD_DIM // 4)))
+  row_bytes = HEAD_DIM * bits // 8
+  codes_type = plgpu.RefType((plgpu.TilingTransform((8, row_bytes)), plgpu.SwizzleTransform(row_bytes)))
 
   @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()),
                      return_type=plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=wgmma))
@@ -400,7 +414,7 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
     c = lambda v: arith.constant(i32, v)
     column, first_token = _thread_position(i32)
     base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
-    constants = [part_constants(p, True) for p in range(4)]
+    constants = [part_constants(p, True, bits) for p in range(8 // bits)]
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
     stored = column  # where channel `column` of a part sits in its 32
     if metadata_in_thread_order:  # b = 8g + 2l + e sits at 8l + 2g + e
@@ -416,20 +430,24 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
         metadata[which, window, part] = vector.broadcast(half2, value)
       return metadata[which, window, part]
 
-    def code_byte(token_offset):  # byte `column` of token first_token + token_offset (32-byte swizzle)
-      offset = arith.addi(arith.muli(arith.addi(first_token, c(token_offset)), c(32)), column)
-      offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(16)))
+    def code_byte(token_offset, byte_offset):  # byte `column` + byte_offset of token first_token + token_offset
+      byte = arith.addi(column, c(byte_offset)) if byte_offset else column
+      offset = arith.addi(arith.muli(arith.addi(first_token, c(token_offset)), c(row_bytes)), byte)
+      # The swizzle XORs the 16-byte chunk's index (bits 4 and up) with the offset's bits 7 and up.
+      offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(row_bytes - 16)))
       return llvm.inline_asm(i32, [arith.addi(base, offset)], "ld.shared.u8 $0, [$1];", "=r,r",
                              has_side_effects=True)  # not moved above the TMA's barrier wait
-    spread = {}  # token offset -> the two tokens' bytes, each in the low byte of its half
+    spread = {}  # (token offset, byte offset) -> the two tokens' bytes, each in the low byte of its half
     registers = np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object)
     for idx, row, token in _register_offsets(shape):
-      part, window = 2 * (row // STEP) + (row % STEP) // 8, token // WINDOW
-      if token not in spread:
-        spread[token] = llvm.inline_asm(i32, [code_byte(token), code_byte(token + 1)],
-                                        "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r")
-      x = _part_of(spread[token], constants[part], magic[part], i32, half2)
-      registers[idx] = _fma_f16x2(x, broadcast(0, window, part), broadcast(1, window, part), half2)
+      group, window = 2 * (row // STEP) + (row % STEP) // 8, token // WINDOW  # channel column + 32 group
+      byte_offset, part = value_row_byte(group, bits)
+      if (token, byte_offset) not in spread:
+        spread[token, byte_offset] = llvm.inline_asm(
+            i32, [code_byte(token, byte_offset), code_byte(token + 1, byte_offset)], "prmt.b32 $0, $1, $2, 0x5410;",
+            "=r,r,r")
+      x = _part_of(spread[token, byte_offset], constants[part], magic[part], i32, half2)
+      registers[idx] = _fma_f16x2(x, broadcast(0, window, group), broadcast(1, window, group), half2)
     return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
   return unpack(codes_ref, scale_ref, minimum_ref)
@@ -603,11 +621,10 @@ def _scaled_query(q, scale_ref):
 def part_constants(part: int, magic_exponents: bool, bits: int = 2) -> tuple[int, int, int]:
   """Per 16-bit half holding a code byte under `prmt`'s high byte (0x64, or 0 with `magic_exponents`):
   the AND mask, the bits OR-ed in after it, and the f16 bits of the magic number then subtracted. The
-  result is (2^bits)^part * code, or the code itself with `magic_exponents` (INT2 only: part p's bits under
-  2^(10 - 2p)'s exponent, whose mantissa bit 2p is worth 1)."""
+  result is (2^bits)^part * code, or the code itself with `magic_exponents` (part p's bits under the exponent
+  of 2^(10 - bits p), whose mantissa bit bits x p is worth 1)."""
   if magic_exponents:
-    assert bits == 2, "magic exponents are INT2's"
-    return 3 << 2 * part, (25 - 2 * part) << 10, (25 - 2 * part) << 10
+    return (1 << bits) - 1 << bits * part, (25 - bits * part) << 10, (25 - bits * part) << 10
   return 0xFF00 | ((1 << bits) - 1) << bits * part, 0, 0x6400
 
 
@@ -688,7 +705,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   from registers (`_values_transposed`), not from a buffer the values were stored to: its rows (O^T's) are
   channels in `value_row_channels` order, put back as O^T is stored (`_store_in_channel_order`); dequantized
   while the score wgmma runs with `overlap_values`, else after it is waited for (16 % faster than through shared
-  memory, s26; magic exponents, INT2; the interpret mode takes the shared-memory path). `fetch_by_one_warp`
+  memory, s26; magic exponents; INT4 since s27, untimed; the interpret mode takes the shared-memory path). `fetch_by_one_warp`
   (four warpgroups): a block's TMA copies are issued inside a branch only the warpgroup's first warp takes
   (`plgpu.warp_map`), where every warp computed the six copies' descriptors and coordinates under a predicate
   that held for one thread: 92 of the 525 instructions a warp executed a step (ncu, s26; untimed).
@@ -717,14 +734,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError(f"codes {k_codes.shape}: need T a multiple of {STEP} x steps_per_block x splits")
   if values_scaled_after and defer_values_wgmma:
     raise ValueError("values_scaled_after scales each step's product: not with defer_values_wgmma")
-  if magic_exponents and bits != 2:
-    raise ValueError("magic_exponents are INT2's")
   if dequantize_keys and (bias_in_kernel or keys_in_smem):
     raise ValueError("dequantize_keys adds no bias: not with bias_in_kernel or keys_in_smem")
   if metadata_in_thread_order and not (dequantize_keys and bits == 2 and not values_scaled_after):
     raise ValueError("metadata_in_thread_order: INT2 with dequantize_keys (the scales read where dequantized)")
-  if values_in_registers and not (magic_exponents and bits == 2 and not (values_scaled_after or defer_values_wgmma)):
-    raise ValueError("values_in_registers: INT2 with magic_exponents, not with values_scaled_after or "
+  if values_in_registers and not (magic_exponents and not (values_scaled_after or defer_values_wgmma)):
+    raise ValueError("values_in_registers: with magic_exponents, not with values_scaled_after or "
                      "defer_values_wgmma")
   if permuted_keys and not (dequantize_keys and magic_exponents and bits == 2 and not metadata_in_thread_order
                             and not ldmatrix_metadata):
@@ -965,7 +980,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           for part in range(parts):
             plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(width * part, width)])
         if overlap_values and transposed_values:
-          values_t = _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order)
+          values_t = _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits)
         elif overlap_values:
           dequantize_values(vc_s, vs_s, vm_s, v_s)  # while the tensor cores work on the scores
         plgpu.wgmma_wait(0)  # with `defer`, also the previous step's V wgmma
@@ -978,7 +993,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       else:
         s, values_t = pl.run_scoped(scores, accumulator)
       if transposed_values and values_t is None:  # after the score wgmma: the keys' registers are free
-        values_t = _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order)
+        values_t = _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits)
       v_operand = values_t if transposed_values else v_s.transpose((1, 0))
       if dequantize_keys:  # kb_s holds the minimums, already in the keys; a range masks past its count
         past = first_window + 2 * index  # the step's first window, from the range's start

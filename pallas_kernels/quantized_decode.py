@@ -245,6 +245,18 @@ MOSAIC_FOUR_WARPGROUPS_FTZ_J4 = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS_FTZ, 
 # a warp and step, with the data pipe 80 % busy).
 MOSAIC_FOUR_WARPGROUPS_VREGS = dataclasses.replace(
     MOSAIC_FOUR_WARPGROUPS_FTZ_J4, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_vregs"].items()))
+# That, with the INT4 pool through the same kernel in a launch of its own (`int4_mosaic`; magic exponents and V^T in
+# registers for INT4 since session 27: a token's two code bytes, parts of 64 channels) ("pallas:mosaic_int2_wg4_
+# vregs_int4"; untimed: written while no device was lent; 671 SASS in its main loop offline against the INT2
+# kernel's 622, `mosaic_sass_s27_int4.md`). For INT4-heavy caches at large batches (rtn4, the mixed plan), whose
+# INT4 pools the Triton launch serves by default.
+MOSAIC_FOUR_WARPGROUPS_VREGS_INT4 = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS_VREGS, int4_mosaic=True)
+# The V^T kernel with the keys' channels permuted (8- and 16-byte loads of a thread's codes and scales) and each
+# block's copies issued by one warp of the four ("pallas:mosaic_int2_wg4_lean"; untimed: 561 SASS in its main
+# loop offline against 622, `mosaic_sass_s27_prepared.md`; INT2 pools only: `permuted_keys` is INT2's).
+MOSAIC_FOUR_WARPGROUPS_LEAN = dataclasses.replace(
+    MOSAIC_FOUR_WARPGROUPS_VREGS,
+    mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_vregs_permuted_keys_one_warp_fetch"].items()))
 # What the default runs for large launches (`for_launch`): that, with the two launches' partials merged in one
 # Pallas launch (`combine_with_heads_last_kernel`) where XLA takes five or more small kernels a layer. The
 # merged combine: 9.98 ms against 10.09 with XLA's merge at 32 x 100 (session 24).

@@ -176,7 +176,9 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
                                           values_in_registers=True),
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
-                                          values_in_registers=True, metadata_in_thread_order=True)])
+                                          values_in_registers=True, metadata_in_thread_order=True),
+                                     *(dict(mi.VARIANTS[name], ranged=True, bits=4) for name in (  # INT4, s27
+                                         "wg4_large_batch_ftz_vregs", "wg4_large_batch_ftz_vregs_one_warp_fetch"))])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
@@ -246,6 +248,18 @@ def test_wgmma_layout_is_as_the_register_paths_assume():
   assert offsets((64, 32)) == sorted((r, c) for r in (0, 8) for c in range(0, 32, 8))
 
 
+def test_int4_value_rows_are_the_parts_of_two_byte_columns():
+  """INT4 with `values_in_registers`: the four rows of a thread (groups g, channel b + 32 g of
+  `value_row_channels`) come from bytes b and b + 32, parts 0 and 1 (byte j holds channels j and j + 64); INT2's
+  from the four parts of byte b."""
+  for b in range(32):
+    for group in range(4):
+      for bits in (2, 4):
+        offset, part = mi.value_row_byte(group, bits)
+        assert b + offset + part * mi.HEAD_DIM * bits // 8 == b + 32 * group
+        assert offset + b < mi.HEAD_DIM * bits // 8 and part < 8 // bits
+
+
 def test_values_in_registers_match(interpret):
   """The option computes the same attention (the interpret mode goes through shared memory; the register
   path runs on the H200's float64 checks), and is refused without magic exponents."""
@@ -262,9 +276,14 @@ def test_values_in_registers_match(interpret):
     mi.attend(*case, splits=2, interpret=interpret, options=(("permuted_keys", True),))
   with pytest.raises(ValueError, match="fetch_by_one_warp"):
     mi.attend(*case, splits=2, interpret=interpret, options=(("fetch_by_one_warp", True),))
+  int4 = random_case(7, 2, 256, 7, bits=4)  # INT4 takes the option since s27 (not permuted keys)
+  out = np.asarray(mi.attend(*int4, splits=2, interpret=interpret, options=tuple(options.items())))
+  np.testing.assert_allclose(out, mi.reference(*int4), atol=2e-3, rtol=0)
+  with pytest.raises(ValueError, match="permuted_keys"):
+    mi.attend(*int4, splits=2, interpret=interpret, options=tuple(dict(options, permuted_keys=True).items()))
 
 
-@pytest.mark.parametrize("magic_exponents,bits", [(False, 2), (True, 2), (False, 4)])
+@pytest.mark.parametrize("magic_exponents,bits", [(False, 2), (True, 2), (False, 4), (True, 4)])
 def test_unpacking_constants(magic_exponents, bits):
   """The inline PTX's arithmetic, emulated bit for bit in numpy for every byte: prmt's high byte, the
   part's AND (and OR), then the f16 subtraction of the magic number give (2^bits)^p c (or c)."""
@@ -289,7 +308,7 @@ def test_bad_shapes_are_refused():
 
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
                                      "int2_int4", "merged", "pdl", "values_after",
-                                     "in_place", "all", "ftz", "ftz_block2"])
+                                     "in_place", "all", "ftz", "ftz_block2", "vregs_int4", "lean"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -324,7 +343,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED, pdl=qd.MOSAIC_FOUR_WARPGROUPS_PDL,
                 values_after=qd.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER,
                 in_place=qd.MOSAIC_FOUR_WARPGROUPS_IN_PLACE, all=qd.MOSAIC_FOUR_WARPGROUPS_ALL,
-                ftz=qd.MOSAIC_FOUR_WARPGROUPS_FTZ, ftz_block2=qd.MOSAIC_FOUR_WARPGROUPS_FTZ_BLOCK2)[variant]
+                ftz=qd.MOSAIC_FOUR_WARPGROUPS_FTZ, ftz_block2=qd.MOSAIC_FOUR_WARPGROUPS_FTZ_BLOCK2,
+                vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, lean=qd.MOSAIC_FOUR_WARPGROUPS_LEAN)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
@@ -341,7 +361,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   sets = qd._partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                                   window_size=window, tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens,
                                   q_scale=h ** -0.5, config=config, interpret=interpret is not None)[0]
-  assert len(sets) == (3 if variant == "int2_int4" else 2)  # Triton's, then a Mosaic launch a pool
+  assert len(sets) == (3 if variant in ("int2_int4", "vregs_int4") else 2)  # Triton's, then a Mosaic launch a pool
 
 
 @pytest.mark.parametrize("batch,windows,launches", [(32, 1024, 2), (31, 1024, 1), (32, 511, 1)])
