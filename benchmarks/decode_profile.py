@@ -8,7 +8,8 @@ them (one prefill a video length, repeated along the request axis). Each loop is
 to warm up, then run once under `jax.profiler.trace`; the Perfetto trace's GPU stream events are
 summed per kernel. Per loop: its wall time a step, the GPU's busy time a step (the union of kernel
 intervals) and the idle rest, kernels a step, and the kernels that take the most time, grouped by
-name with trailing instance numbers removed (`loop_add_fusion_12` -> `loop_add_fusion`).
+name with trailing instance numbers removed (`loop_add_fusion_12` -> `loop_add_fusion`); then the idle
+time by the kernel that ends each gap (`(idle before K)`: ~2 µs at every launch, or long gaps before a few).
 """
 from __future__ import annotations
 
@@ -68,10 +69,26 @@ def kernel_name(event: dict) -> str:
   return re.sub(r"([._]\d+)+$", "", event["name"])
 
 
+def idle_before(events: list[dict]) -> dict:
+  """The GPU's idle time (no kernel running) by the kernel that ends it: name -> (gaps, total µs). Whether the
+  idle is a small gap at every launch or long ones before a few kernels (host launches between CUDA graphs,
+  a custom call outside the graph) is what says how to cut it."""
+  gaps = collections.defaultdict(lambda: [0, 0.0])
+  end = None
+  for e in sorted(events, key=lambda e: e["ts"]):
+    if end is not None and e["ts"] > end:
+      entry = gaps[kernel_name(e)]
+      entry[0] += 1
+      entry[1] += e["ts"] - end
+    end = max(end if end is not None else e["ts"], e["ts"] + e["dur"])
+  return {name: tuple(v) for name, v in gaps.items()}
+
+
 def summarize(events: list[dict], steps: int) -> dict:
-  """Per decode step: busy and spanned GPU time, kernel count, and time by kernel name."""
+  """Per decode step: busy and spanned GPU time, kernel count, time by kernel name, and the idle time by the
+  kernel that ends it."""
   if not events:
-    return {"busy_us_step": 0.0, "span_us_step": 0.0, "kernels_step": 0.0, "by_kernel": []}
+    return {"busy_us_step": 0.0, "span_us_step": 0.0, "kernels_step": 0.0, "by_kernel": [], "idle_before": []}
   span = max(e["ts"] + e["dur"] for e in events) - min(e["ts"] for e in events)
   by_name = collections.defaultdict(lambda: [0, 0.0])
   samples = {}  # a kernel name's first event's arguments (the profiler's HLO op and module, where given)
@@ -82,9 +99,12 @@ def summarize(events: list[dict], steps: int) -> dict:
     entry[1] += e["dur"]
   busy = busy_us(events)
   kernels = sorted(by_name.items(), key=lambda kv: -kv[1][1])
+  idle = sorted(idle_before(events).items(), key=lambda kv: -kv[1][1])
   return {"busy_us_step": busy / steps, "span_us_step": span / steps, "kernels_step": len(events) / steps,
           "by_kernel": [{"kernel": k, "per_step": n / steps, "us_step": us / steps, "share": us / busy,
-                         "sample_args": samples[k]} for k, (n, us) in kernels]}
+                         "sample_args": samples[k]} for k, (n, us) in kernels],
+          "idle_before": [{"kernel": f"(idle before {k})", "per_step": n / steps, "us_step": us / steps,
+                           "share": us / max(span - busy, 1e-9)} for k, (n, us) in idle]}
 
 
 def profile_loop(compiled, arrays, log_dir: Path) -> tuple[dict, float]:
@@ -148,12 +168,16 @@ def main(argv=None):
       rows.append({**job.label, "kernel": "(GPU busy: union of kernels)", "us_step": summary["busy_us_step"],
                    "per_step": summary["kernels_step"]})
       rows += [{**job.label, **{c: k[c] for c in COLUMNS[3:]}} for k in summary["by_kernel"][:args.top]]
+      rows.append({**job.label, "kernel": "(GPU idle within the span)",
+                   "us_step": summary["span_us_step"] - summary["busy_us_step"]})
+      rows += [{**job.label, **k} for k in summary["idle_before"][:args.top // 2]]
   tag = "tiny" if args.tiny else args.preset
   path = harness.write_results(
       f"decode_profile_{tag}{'_' + args.tag if args.tag else ''}", rows, COLUMNS,
       f"Decode-step GPU time by kernel, random-weight {tag}",
       notes=("per_step: launches a decode step; us_step: their GPU time a step (a profiled loop of "
-             f"{args.steps - 1} steps after a warm-up); share: of the GPU's busy time. The wall clock is an "
+             f"{args.steps - 1} steps after a warm-up); share: of the GPU's busy time (of its idle time in "
+             "the '(idle before K)' rows: the gaps with no kernel running that kernel K ends). The wall clock is an "
              f"unprofiled call of the same loop. XLA_FLAGS: `{os.environ.get('XLA_FLAGS', '')}`"), out_dir=args.out)
   path.with_name(path.stem + "_loops.json").write_text(json.dumps(loops, indent=1))
   print(path.read_text())

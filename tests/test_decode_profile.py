@@ -26,3 +26,10 @@ def test_summary_counts_stream_kernels_by_name_and_their_union():
   assert set(by) == {"loop_add_fusion", "wq_quantized_decode", "gemm"}
   assert by["loop_add_fusion"]["per_step"] == 1.0 and by["loop_add_fusion"]["us_step"] == 7.5
   assert summary["by_kernel"][0]["kernel"] == "gemm"
+  # Idle: 5 µs before loop_add_fusion_12 (after [0,10)), none before wq_quantized_decode (it overlaps), 10 before
+  # gemm; per step, the longest first, as shares of the 15 µs idle.
+  idle = {k["kernel"]: k for k in summary["idle_before"]}
+  assert [k["kernel"] for k in summary["idle_before"]] == ["(idle before gemm)", "(idle before loop_add_fusion)"]
+  assert idle["(idle before gemm)"]["us_step"] == 5.0 and idle["(idle before gemm)"]["per_step"] == 0.5
+  assert idle["(idle before loop_add_fusion)"]["us_step"] == 2.5
+  assert abs(sum(k["share"] for k in summary["idle_before"]) - 1) < 1e-9
