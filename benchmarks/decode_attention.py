@@ -42,7 +42,7 @@ from wq_jax.cache import KVCache, Pool
 HEADS, KV_HEADS, HEAD_DIM, WINDOW = 28, 4, 128, 32
 TEXT, NEW = 64, 16  # rest segment: text tokens, then room for generated ones
 PLANS = {"fp16": (1.0, 0.0, 0.0), "mix": (0.15, 0.35, 0.5), "int4": (0.0, 1.0, 0.0), "int2": (0.0, 0.0, 1.0),
-         "kivi2": (0.0, 0.0, 1.0)}
+         "kivi2": (0.0, 0.0, 1.0), "kivi4": (0.0, 1.0, 0.0)}
 L2_BYTES = 60e6
 
 
@@ -60,7 +60,7 @@ def window_counts(tokens: int, plan: str) -> tuple[int, int, int]:
 def synthetic_cache(key, batch: int, tokens: int, plan: str) -> KVCache:
   """A single-layer cache with random codes, scales and values, pools exactly as large as the plan."""
   counts = window_counts(tokens, plan)
-  group = 32 if plan == "kivi2" else 0
+  group = 32 if plan.startswith("kivi") else 0  # KIVI's values: a scale a token and group of 32 channels
   keys = iter(jax.random.split(key, 16))
   bk = (batch, KV_HEADS)
 
@@ -429,6 +429,7 @@ VARIANTS = {
     "mosaic_int2_wg4_vregs": qd.MOSAIC_FOUR_WARPGROUPS_VREGS,  # V^T in registers: the large-batch default (s26)
     "mosaic_int2_wg4_vregs_int4": qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4,  # that, and INT4 pools through it (s27)
     "mosaic_int2_wg4_lean": qd.MOSAIC_FOUR_WARPGROUPS_LEAN,  # permuted keys, copies by one warp (s27)
+    "mosaic_int2_wg4_kivi": qd.MOSAIC_KIVI,  # that INT4 one, and KIVI's pools through the Mosaic kernel (s27)
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=tuple(mi.VARIANTS["deferred_values_first_block2"].items())),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)
@@ -521,7 +522,7 @@ def roofline(report, path):
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(7, 4.5))
-  markers = {"fp16": "o", "mix": "s", "int2": "^", "kivi2": "v"}
+  markers = {"fp16": "o", "mix": "s", "int2": "^", "kivi2": "v", "kivi4": "D"}
   for plan, mk in markers.items():
     rows = [r for r in report["results"] if r["plan"] == plan]
     if rows:

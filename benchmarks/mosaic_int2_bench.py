@@ -45,14 +45,23 @@ def kernel_pool(pool, variant: str):
   return tuple(mi.thread_order(x) if i in (1, 2, 4, 5) else x for i, x in enumerate(pool))
 
 
-def int2_pool(key, pairs: int, tokens: int, bits: int = 2):
-  """Random INT2 (or INT4) keys and values [pairs, tokens, 32 (64)] with per-window f16 scales and minimums."""
+def int2_pool(key, pairs: int, tokens: int, bits: int = 2, per_token: bool = False):
+  """Random INT2 (or INT4) keys and values [pairs, tokens, 32 (64)] with per-window f16 scales and minimums
+  (`per_token`: the values' a token and group of 32 channels, KIVI's)."""
   keys = jax.random.split(key, 6)
   codes = lambda k: jax.random.bits(k, (pairs, tokens, mi.HEAD_DIM * bits // 8), jnp.uint8)
-  meta = (pairs, tokens // mi.WINDOW, mi.HEAD_DIM)
-  scale = lambda k: (jax.random.uniform(k, meta, jnp.float32, 0.02, 0.1) * 3 / ((1 << bits) - 1)).astype(jnp.float16)
-  minimum = lambda k: (-jax.random.uniform(k, meta, jnp.float32, 0.0, 0.3)).astype(jnp.float16)
-  return (codes(keys[0]), scale(keys[1]), minimum(keys[2]), codes(keys[3]), scale(keys[4]), minimum(keys[5]))
+  window_meta = (pairs, tokens // mi.WINDOW, mi.HEAD_DIM)
+  token_meta = (pairs, tokens, mi.HEAD_DIM // 32) if per_token else window_meta
+  scale = lambda k, meta: (jax.random.uniform(k, meta, jnp.float32, 0.02, 0.1) * 3
+                           / ((1 << bits) - 1)).astype(jnp.float16)
+  minimum = lambda k, meta: (-jax.random.uniform(k, meta, jnp.float32, 0.0, 0.3)).astype(jnp.float16)
+  return (codes(keys[0]), scale(keys[1], window_meta), minimum(keys[2], window_meta), codes(keys[3]),
+          scale(keys[4], token_meta), minimum(keys[5], token_meta))
+
+
+def per_token(variant: str) -> bool:
+  """Whether `variant` reads KIVI's values (a scale and minimum a token and group of 32 channels)."""
+  return bool(VARIANTS[variant].get("values_per_token"))
 
 
 def scaled_queries(key, pairs: int):
@@ -64,7 +73,7 @@ def check(pairs, tokens, splits, key, subset=None, variant="fast", rising=False,
   """Largest |error| of the kernel's attention against float64 dequantize-then-attend (on `subset` pairs).
   `rising`: the first head's scores rise 5 a step and one window is 60 above the rest (`lagged_max`'s
   recomputation after steps within its margin)."""
-  pool = int2_pool(key, pairs, tokens, bits)
+  pool = int2_pool(key, pairs, tokens, bits, per_token(variant))
   q = scaled_queries(jax.random.fold_in(key, 1), pairs)
   if rising:
     rise = 2.5 * jnp.arange(tokens // mi.WINDOW)
@@ -93,7 +102,7 @@ def _timed(fn, inputs, queries, nbytes: int) -> dict:
 
 def time_mosaic(batch, tokens, splits, key, variant, bits=2):
   pairs = batch * da.KV_HEADS
-  pool0 = kernel_pool(int2_pool(key, pairs, tokens, bits), variant)
+  pool0 = kernel_pool(int2_pool(key, pairs, tokens, bits, per_token(variant)), variant)
   nbytes = sum(x.nbytes for x in pool0)
   inner = da.inner_calls(nbytes)
   pools = [pool0] + da.copies(lambda i: _distinct(pool0, i), nbytes, inner)[1:]
@@ -101,8 +110,8 @@ def time_mosaic(batch, tokens, splits, key, variant, bits=2):
   return _timed(lambda q, *pool: attend(q, *pool, splits=splits, variant=variant), pools, qs, nbytes)
 
 
-def time_triton(batch, tokens, key, bits=2):
-  c0 = da.synthetic_cache(key, batch, tokens, f"int{bits}")
+def time_triton(batch, tokens, key, bits=2, kivi=False):
+  c0 = da.synthetic_cache(key, batch, tokens, f"{'kivi' if kivi else 'int'}{bits}")
   inner = da.inner_calls(c0.nbytes)
   caches = [c0] + da.copies(lambda i: _distinct(c0, i), c0.nbytes, inner)[1:]
   qs = da.queries(jax.random.fold_in(key, 1), batch, inner)
@@ -128,7 +137,8 @@ def markdown(report: dict) -> str:
            "| batch | kernel | GPU µs a call | TB/s | against Triton |", "| ---: | --- | ---: | ---: | ---: |"]
   for row in report["rows"]:
     triton = row["triton"]["gpu_s"] or row["triton"]["wall_s"]
-    lines.append(f"| {row['batch']} | triton (`pallas`, int{report.get('bits', 2)} plan) | {triton * 1e6:.1f} | "
+    plan = f"{'kivi' if report.get('kivi') else 'int'}{report.get('bits', 2)}"
+    lines.append(f"| {row['batch']} | triton (`pallas`, {plan} plan) | {triton * 1e6:.1f} | "
                  f"{row['triton_TBps']:.3f} | 1 |")
     for name, value in row.items():
       if isinstance(value, dict) and name != "triton":
@@ -152,6 +162,8 @@ def main(argv=None) -> int:
   ap.add_argument("--batches", type=int, nargs="+", default=[8, 60])
   ap.add_argument("--tokens", type=int, default=32768)
   ap.add_argument("--bits", type=int, default=2, choices=[2, 4], help="INT2 pools (against the int2 plan), or INT4")
+  ap.add_argument("--kivi", action="store_true", help="the Triton kernel on KIVI's layout (values per token), for "
+                  "variants with values_per_token")
   ap.add_argument("--splits", type=int, nargs="+", default=[4, 8, 16])
   ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
   ap.add_argument("--budget-s", type=float, default=1e9)
@@ -170,7 +182,7 @@ def main(argv=None) -> int:
     INTERPRET = mi.interpret_params()
   start = time.time()
   key = jax.random.PRNGKey(0)
-  report = dict(provenance=provenance(), bits=args.bits, rows=[], checks=[])
+  report = dict(provenance=provenance(), bits=args.bits, kivi=args.kivi, rows=[], checks=[])
   errors, checked = [], []  # a variant that fails or errs is reported and not timed; the run exits 1
   for variant in args.variants:
     cases = [(f"{variant}, small: 6 pairs x 1024 tokens, 4 splits", (6, 1024, 4, key), {}),  # 4: `warpgroups`
@@ -189,7 +201,7 @@ def main(argv=None) -> int:
   report["checks"] = [dict(case=c, max_abs_error=e) for c, e in errors]
   report["copy"] = copy_bandwidth(1 << 30)
   for batch in args.batches:
-    tri = time_triton(batch, args.tokens, key, args.bits)
+    tri = time_triton(batch, args.tokens, key, args.bits, args.kivi)
     row = dict(batch=batch, tokens=args.tokens, triton=tri,
                triton_TBps=tri["bytes"] / (tri["gpu_s"] or tri["wall_s"]) / 1e12)
     print(json.dumps(row, default=str), flush=True)

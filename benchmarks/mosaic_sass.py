@@ -115,9 +115,11 @@ def serialized_module(variant: str, batch: int, tokens: int, splits: int, overri
 
   codes = jax.ShapeDtypeStruct((batch, tokens, mi.HEAD_DIM * bits // 8), jnp.uint8)
   metadata = jax.ShapeDtypeStruct((batch, tokens // mi.WINDOW, mi.HEAD_DIM), jnp.float16)
-  shapes = [jax.ShapeDtypeStruct((batch, 7, mi.HEAD_DIM), jnp.float32), codes, metadata, metadata, codes, metadata,
-            metadata]
   options = dict(mi.VARIANTS[variant], **(overrides or {}))
+  value_metadata = (jax.ShapeDtypeStruct((batch, tokens, mi.HEAD_DIM // 32), jnp.float16)
+                    if options.get("values_per_token") else metadata)  # KIVI's: a token's groups of 32 channels
+  shapes = [jax.ShapeDtypeStruct((batch, 7, mi.HEAD_DIM), jnp.float32), codes, metadata, metadata, codes,
+            value_metadata, value_metadata]
   fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, **options))
   core._run_serde_pass = capture
   try:

@@ -259,7 +259,8 @@ def _fma_f16x2(x, scale, minimum, half2):
 
 
 def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic_exponents=False,
-                    parts=None, bits=2, ldmatrix_metadata=False, metadata_in_thread_order=False):
+                    parts=None, bits=2, ldmatrix_metadata=False, metadata_in_thread_order=False,
+                    values_per_token=False):
   """codes [64, 32] uint8 in the WGMMA layout (two codes of a row a register) -> 4 f16 [64, 32] in the WGMMA
   layout: part p is 4^p times the codes (keys; the codes themselves with `magic_exponents`), or, given a
   [2, H] scale and minimum (values), the dequantized values of channels 32p + column, with token t's window
@@ -273,12 +274,14 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
   2^(10 - bits p), whose mantissa bit bits x p is worth 1 (one AND-OR, the Triton kernel's trick): the subtract
   then leaves c itself, and neither q nor the values' scales carry (2^bits)^-p. `parts`: which of them to return.
   `metadata_in_thread_order`: the scales and minimums are in `thread_order`, and a part's 4 pairs of each come
-  by one 16-byte load (`_metadata_in_thread_order`; INT2 only).
+  by one 16-byte load (`_metadata_in_thread_order`; INT2 only). `values_per_token` (KIVI's values): the scale and
+  minimum are per token and group of 32 channels, [32, 8] f16 refs (token pairs x 4 groups: token t's group g
+  at element 4t + g), one f16 a (row, group) loaded and doubled.
   """
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import arith, llvm, vector
+  from jax._src.lib.mlir.dialects import arith, llvm, memref, vector
   from jax._src.lib.mlir.dialects import math as mlir_math
 
   wgmma = plgpu.Layout.WGMMA
@@ -299,6 +302,23 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
     magic = [mgpu.utils.bitcast(const(0x10001 * c[2]), half2) for c in constants]
     registers = {part: np.empty_like(codes.registers) for part in parts}
     indices = list(codes.layout.thread_idxs(codes.shape))
+    if values and values_per_token:  # (row offset, group) -> the f16 scale and minimum in both halves
+      per_token, token_metadata = list(_register_offsets(tuple(codes.shape))), {}
+      groups = _static_column_groups(codes)
+      thread = mgpu.utils.thread_idx()
+      first_row = arith.addi(arith.muli(arith.andi(arith.shrui(thread, const(5)), const(3)), const(16)),
+                             arith.shrui(arith.andi(thread, const(31)), const(2)))  # 16 w + lane // 4
+
+      def token_scale(n, part, which):
+        row_offset, group = per_token[n][1], (width * part + 8 * groups[n]) // 32
+        if (row_offset, group, which) not in token_metadata:
+          row = arith.addi(first_row, const(row_offset))
+          index = lambda v: arith.index_cast(ir.IndexType.get(), v)
+          value = memref.load(refs[which], [index(arith.shrui(row, const(1))),
+                                            index(arith.addi(arith.muli(arith.andi(row, const(1)), const(4)),
+                                                             const(group)))])
+          token_metadata[row_offset, group, which] = vector.broadcast(half2, value)
+        return token_metadata[row_offset, group, which]
     if values and (ldmatrix_metadata or metadata_in_thread_order):  # a thread's rows lie in one window
       window = arith.index_cast(i32, arith.divui(indices[0][0], arith.constant(ir.IndexType.get(), WINDOW)))
       groups = _static_column_groups(codes)
@@ -315,12 +335,14 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
       pair = arith.extui(i32, mgpu.utils.bitcast(reg, i16))
       high = "0" if magic_exponents else "0x64646464"  # the high byte of each half: zero, or 1024's
       spread = llvm.inline_asm(i32, [pair], f"prmt.b32 $0, $1, {high}, 0x4140;", "=r,r")
-      if values and not (ldmatrix_metadata or metadata_in_thread_order):
+      if values and not (ldmatrix_metadata or metadata_in_thread_order or values_per_token):
         window = arith.divui(row, arith.constant(ir.IndexType.get(), WINDOW))
       for part in parts:
         x = _part_of(spread, constants[part], magic[part], i32, half2)
         if values:
-          if ldmatrix_metadata or metadata_in_thread_order:
+          if values_per_token:
+            scale, minimum = token_scale(n, part, 0), token_scale(n, part, 1)
+          elif ldmatrix_metadata or metadata_in_thread_order:
             scale, minimum = (pairs[chunks * part + groups[n]] for pairs in loaded)
           else:
             channel = arith.addi(col, arith.constant(ir.IndexType.get(), width * part))
@@ -640,7 +662,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 steps_per_block: int = 1, warpgroups: int = 1, grid_dependency_wait: bool = False,
                 values_scaled_after: bool = False, in_place_values: bool = False, ldmatrix_metadata: bool = False,
                 metadata_in_thread_order: bool = False, values_in_registers: bool = False,
-                fetch_by_one_warp: bool = False, permuted_keys: bool = False,
+                fetch_by_one_warp: bool = False, permuted_keys: bool = False, values_per_token: bool = False,
                 max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
@@ -705,13 +727,17 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   from registers (`_values_transposed`), not from a buffer the values were stored to: its rows (O^T's) are
   channels in `value_row_channels` order, put back as O^T is stored (`_store_in_channel_order`); dequantized
   while the score wgmma runs with `overlap_values`, else after it is waited for (16 % faster than through shared
-  memory, s26; magic exponents; INT4 since s27, untimed; the interpret mode takes the shared-memory path). `fetch_by_one_warp`
-  (four warpgroups): a block's TMA copies are issued inside a branch only the warpgroup's first warp takes
-  (`plgpu.warp_map`), where every warp computed the six copies' descriptors and coordinates under a predicate
-  that held for one thread: 92 of the 525 instructions a warp executed a step (ncu, s26; untimed).
+  memory, s26; magic exponents; INT4 since s27, untimed; the interpret mode takes the shared-memory path).
+  `fetch_by_one_warp` (four warpgroups): a block's TMA copies are issued inside a branch only the warpgroup's
+  first warp takes (`plgpu.warp_map`), where every warp computed the six copies' descriptors and coordinates
+  under a predicate that held for one thread: 92 of the 525 instructions a warp executed a step (ncu, s26; untimed).
   `permuted_keys` (with `dequantize_keys` and magic exponents): the contraction's channels permuted for the keys
   and q^T alike (`_keys_by_thread`), so that a thread's code bytes and scales come by 8- and 16-byte loads: 30
-  loads a thread and step fewer, the metadata in channel order (untimed).
+  loads a thread and step fewer, the metadata in channel order (untimed). `values_per_token` (KIVI's values):
+  v_scale and v_min are [N, T, 4] f16, a scale and minimum per token and group of 32 channels, copied a step as
+  [32, 8] (token pairs: TMA moves rows of 16 bytes or more); each thread loads one f16 of each a (row, group),
+  16 loads a step where the window's pairs took 32; the values go through shared memory (not with
+  `values_in_registers`; untimed, s27).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -744,6 +770,15 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if permuted_keys and not (dequantize_keys and magic_exponents and bits == 2 and not metadata_in_thread_order
                             and not ldmatrix_metadata):
     raise ValueError("permuted_keys: INT2 with dequantize_keys and magic_exponents, the metadata in channel order")
+  if values_per_token:
+    if v_scale.shape != (n, tokens, HEAD_DIM // 32) or v_min.shape != v_scale.shape:
+      raise ValueError(f"values_per_token: v_scale and v_min [N, T, {HEAD_DIM // 32}] (a token's groups of 32 "
+                       f"channels), got {v_scale.shape}, {v_min.shape}")
+    if values_in_registers or values_scaled_after or ldmatrix_metadata or metadata_in_thread_order or not (
+        fast_unpack or interpret is not None):
+      raise ValueError("values_per_token: the values through shared memory, dequantized by the fast path: not with "
+                       "values_in_registers, values_scaled_after, ldmatrix_metadata or metadata_in_thread_order")
+    v_scale, v_min = (x.reshape(n, tokens // 2, 2 * HEAD_DIM // 32) for x in (v_scale, v_min))  # token pairs
   if metadata_in_thread_order and interpret is not None:  # the plain path reads them in channel order
     k_scale, k_bias, v_scale, v_min = (thread_order(x) for x in (k_scale, k_bias, v_scale, v_min))
   if in_place_values and (defer_values_wgmma or values_scaled_after):
@@ -756,6 +791,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         or (not ranged and k_bias.shape[1] != tokens // WINDOW)):
     raise ValueError(f"k_bias: a bias [N, windows, {COLUMNS}] from key_bias (range_bias for a range), or with "
                      f"dequantize_keys the key minimums [N, windows, {HEAD_DIM}]; got {k_bias.shape}")
+  # A step's rows of the values' scales and minimums: its 2 windows, or (`values_per_token`) its 32 token pairs
+  value_rows, value_columns = (STEP // 2, 2 * HEAD_DIM // 32) if values_per_token else (2, HEAD_DIM)
   if not ranged:
     range_params = jnp.zeros((32,), jnp.int32)  # unused: the whole pool's start and count are static
   blocks = tokens // (STEP * spb) // splits  # static, where not ranged
@@ -907,9 +944,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return [plgpu.layout_cast((codes & jnp.uint8((levels - 1) << bits * part)).astype(jnp.float16), layout.WGMMA)
               for part in which]
 
-    def plain_dequantized(codes, scale_ref, minimum_ref, part):  # Mosaic's own conversions (interpret mode)
+    def per_token_group(ref, part):  # `values_per_token`, interpret mode: [32, 8] -> [64, width], a token's groups
+      groups = ref[...].reshape(STEP, HEAD_DIM // 32)[:, width * part // 32:width * (part + 1) // 32]
+      return jnp.repeat(groups, 32, axis=1)
+
+    def plain_dequantized(codes, scale_ref, minimum_ref, part, by_token=False):  # Mosaic's own conversions
       values = plgpu.layout_cast((codes & jnp.uint8((levels - 1) << bits * part)).astype(jnp.float16), layout.WGMMA)
-      return values * (per_token(scale_ref, part) * jnp.float16(levels ** -part)) + per_token(minimum_ref, part)
+      metadata = per_token_group if by_token else per_token
+      return values * (metadata(scale_ref, part) * jnp.float16(levels ** -part)) + metadata(minimum_ref, part)
 
     def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
       if keys_by_thread:
@@ -930,7 +972,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         codes = plgpu.load(vc_s, layout=layout.WGMMA)
         unpack = functools.partial(_unpacked_parts, codes, vs_s, vm_s, ptx_fma=ptx_fma, magic_exponents=magic,
                                    bits=bits, ldmatrix_metadata=ldmatrix_metadata,
-                                   metadata_in_thread_order=metadata_in_thread_order)
+                                   metadata_in_thread_order=metadata_in_thread_order,
+                                   values_per_token=values_per_token)
         unpacked = [] if values_by_part else unpack()
         for part in range(parts):
           value = unpack(parts=(part,))[0] if values_by_part else unpacked[part]
@@ -938,7 +981,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         return
       codes = plgpu.load(vc_s, layout=layout.WGMMA_UPCAST_2X)
       for part in range(parts):
-        v_s[:, pl.ds(width * part, width)] = plain_dequantized(codes, vs_s, vm_s, part)
+        v_s[:, pl.ds(width * part, width)] = plain_dequantized(codes, vs_s, vm_s, part, values_per_token)
 
     def block(indices, *refs):  # `spb` steps
       if bias_in_kernel:
@@ -949,8 +992,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         rows = lambda ref, n: ref.at[pl.ds(n * i, n)]
         index = indices[0] * spb + i  # the step's, in the split
         step_bias = bias_s.at[pl.ds(2 * index, 2)] if bias_in_kernel else rows(kb_s, 2)
-        carry = step(index, i, rows(kc_s, STEP), rows(ks_s, 2), step_bias, rows(vc_s, STEP), rows(vs_s, 2),
-                     rows(vm_s, 2), carry)
+        carry = step(index, i, rows(kc_s, STEP), rows(ks_s, 2), step_bias, rows(vc_s, STEP),
+                     rows(vs_s, value_rows), rows(vm_s, value_rows), carry)
       return carry
 
     def step(index, i, kc_s, ks_s, kb_s, vc_s, vs_s, vm_s, carry):  # index: traced; i: within the block
@@ -1079,15 +1122,20 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                                         transforms=swizzled(packed, jnp.uint8))
         metadata = lambda: plgpu.BlockSpec((pl.Element(2 * spb), HEAD_DIM),
                                            lambda s: (start + 2 * spb * (begin + s), 0))
+        token_metadata = lambda: plgpu.BlockSpec((pl.Element(value_rows * spb), value_columns),
+                                                 lambda s: (WINDOW // 2 * start + value_rows * spb * (begin + s), 0))
         bias = plgpu.BlockSpec((pl.Element(2 * spb), COLUMNS), lambda s: (bias_row + 2 * spb * (begin + s), 0))
       else:
         codes = lambda: plgpu.BlockSpec((STEP * spb, packed), lambda s: (begin + s, 0),
                                         transforms=swizzled(packed, jnp.uint8))
         metadata = lambda: plgpu.BlockSpec((2 * spb, HEAD_DIM), lambda s: (begin + s, 0))
+        token_metadata = lambda: plgpu.BlockSpec((value_rows * spb, value_columns), lambda s: (begin + s, 0))
         bias = plgpu.BlockSpec((2 * spb, COLUMNS), lambda s: (begin + s, 0))
       specs, inputs = [codes(), metadata(), bias, codes(), metadata(), metadata()], [kc_g, ks_g, kb_g, vc_g, vs_g, vm_g]
       if dequantize_keys:  # the key minimums, beside the scales
         specs[2] = metadata()
+      if values_per_token:
+        specs[4:] = [token_metadata(), token_metadata()]
       if bias_in_kernel:  # computed before the loop, into bias_s
         del specs[2], inputs[2]
       if groups > 1:
@@ -1105,8 +1153,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       buffers = [b.at[wg] for b in group_scratch[3:9]]
       barriers = group_scratch[9]
       sources = [kc_g, ks_g, kb_g, vc_g, vs_g, vm_g]
-      rows = [STEP * spb, 2 * spb, 2 * spb, STEP * spb, 2 * spb, 2 * spb]
-      first = [WINDOW * start, start, start if dequantize_keys else bias_row, WINDOW * start, start, start]
+      rows = [STEP * spb, 2 * spb, 2 * spb, STEP * spb, value_rows * spb, value_rows * spb]
+      value_first = WINDOW // 2 * start if values_per_token else start
+      first = [WINDOW * start, start, start if dequantize_keys else bias_row, WINDOW * start, value_first,
+               value_first]
 
       def fetch(index):  # block `index` of the split into its slot
         slot = lax.rem(index, stages)
@@ -1169,7 +1219,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
                 blocks_of((2 * spb, HEAD_DIM), jnp.float16) if dequantize_keys else blocks_of((2 * spb, COLUMNS),
                                                                                                jnp.float32),
-                codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
+                codes_of(), blocks_of((value_rows * spb, value_columns), jnp.float16),
+                blocks_of((value_rows * spb, value_columns), jnp.float16),
                 plgpu.Barrier(num_arrivals=6, num_barriers=groups * stages),
                 smem((groups, REDUCTION_SCRATCH if spb == 1 else REDUCTION_SCRATCH_BLOCK2), jnp.float32)]
     threads = dict(num_threads=groups, thread_name="wg")
@@ -1218,7 +1269,10 @@ def reference(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min) -> np.ndarray
     bits = codes.shape[-1] * 8 // HEAD_DIM
     unpacked = np.concatenate([(codes >> (bits * p)) & ((1 << bits) - 1) for p in range(8 // bits)],
                               axis=-1).astype(np.float64)
-    per_token = lambda x: np.repeat(np.asarray(x, np.float64), WINDOW, axis=1)
+    if np.shape(scale)[1] == codes.shape[1]:  # `values_per_token`: a token's groups of 32 channels
+      per_token = lambda x: np.repeat(np.asarray(x, np.float64), HEAD_DIM // np.shape(x)[2], axis=2)
+    else:  # a window's channels
+      per_token = lambda x: np.repeat(np.asarray(x, np.float64), WINDOW, axis=1)
     return unpacked * per_token(scale) + per_token(minimum)
   k = values(k_codes, k_scale, k_min)
   v = values(v_codes, v_scale, v_min)
@@ -1356,6 +1410,9 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # (untimed; the caller's metadata must be in that order)
     "wg4_large_batch_ftz_vregs_thread_order": dict(_LARGE_BATCH, values_in_registers=True,
                                                    metadata_in_thread_order=True),
+    # s25's kernel with KIVI's values (a scale and minimum a token and group of 32 channels; through shared memory:
+    # `values_per_token`; untimed, s27): what serves kivi2 and kivi4 at large batches
+    "wg4_large_batch_ftz_kivi": dict(_LARGE_BATCH, values_per_token=True),
     # s25's kernel with three pipeline slots where two were (another 24 KB a CTA: 208 KB; no faster, s26)
     "wg4_large_batch_ftz_s3": dict(_LARGE_BATCH, stages=3),
     # s25's kernel with the scales and minimums in `thread_order`: a part's 4 pairs by one 16-byte load (no

@@ -147,6 +147,9 @@ class DecodeConfig:
   # key minimums' bias outweighed the kernel's gain (`decode_profile_*_mosaic_s22_gpu.md`).
   int2_mosaic: bool = False
   int4_mosaic: bool = False  # the INT4 pool through the same kernel, in a launch of its own (see MOSAIC_INT2_INT4)
+  # KIVI's pools (values per token and group of 32 channels) through the Mosaic kernel too, their values through
+  # shared memory (`mosaic_int2`'s `values_per_token`; see MOSAIC_KIVI), where their width is served
+  kivi_mosaic: bool = False
   mosaic_programs_per_multiprocessor: int = 3  # its 148 registers a thread leave room for three
   # `mosaic_int2.int2_decode` keywords, as (name, value) pairs: the fastest variant (H200, 2026-12-04,
   # `mosaic_int2_s21_run2_h200.md`, 32k tokens), the V wgmma waited for in the next step and the values
@@ -257,6 +260,12 @@ MOSAIC_FOUR_WARPGROUPS_VREGS_INT4 = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS_V
 MOSAIC_FOUR_WARPGROUPS_LEAN = dataclasses.replace(
     MOSAIC_FOUR_WARPGROUPS_VREGS,
     mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_vregs_permuted_keys_one_warp_fetch"].items()))
+# The V^T kernel's configuration with KIVI's pools (INT2 and INT4) through the Mosaic kernel too, their values
+# through shared memory (`values_per_token`), and INT4 pools through it as in MOSAIC_FOUR_WARPGROUPS_VREGS_INT4
+# ("pallas:mosaic_int2_wg4_kivi"; untimed, s27: 641 SASS in its INT2 main loop offline against 655 for session
+# 25's kernel with a window's value metadata). By default kivi2 and kivi4 take the Triton kernel, whose KIVI path
+# ran 2.5 x its floor at 32 x 100 (session 26): so that KIVI is compared kernel against kernel.
+MOSAIC_KIVI = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, kivi_mosaic=True)
 # What the default runs for large launches (`for_launch`): that, with the two launches' partials merged in one
 # Pallas launch (`combine_with_heads_last_kernel`) where XLA takes five or more small kernels a layer. The
 # merged combine: 9.98 ms against 10.09 with XLA's merge at 32 x 100 (session 24).
@@ -784,7 +793,8 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
   requested = config
   config = for_launch(config, b * kh, max((pool_tokens[i] for i in int2), default=0), interpret=interpret)
   served = (2,) * config.int2_mosaic + (4,) * config.int4_mosaic
-  mosaic = [i for i in present if mosaic_serves(k_pools[i], v_pools[i], g, h, window_size, served)]
+  mosaic = [i for i in present if mosaic_serves(k_pools[i], v_pools[i], g, h, window_size, served,
+                                                config.kivi_mosaic)]
   if mosaic:  # those pools in Mosaic GPU launches (one each), the others as configured
     others = tuple(None if j in mosaic else p for j, p in enumerate(k_pools))
     triton = dataclasses.replace(config, int2_mosaic=False, int4_mosaic=False, mosaic_min_pairs=None)
@@ -814,12 +824,21 @@ def for_launch(config: DecodeConfig, pairs: int, int2_tokens: int, *, interpret:
   return dataclasses.replace(config, int2_mosaic=True, mosaic_min_pairs=None, **LARGE_BATCH_MOSAIC)
 
 
-def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int, bits: tuple = (2,)) -> bool:
+def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int, bits: tuple = (2,),
+                  kivi: bool = False) -> bool:
   """Whether `mosaic_int2.py` serves this pool: keys and values of one of `bits` widths (2, 4) with scales
-  a window and channel (not KIVI's values a token), windows of 32, head dim 128, at most 8 query heads a
-  KV head, JAX >= 0.11."""
-  return (kp.bits in bits and vp.bits == kp.bits and not kp.channel_group and not vp.channel_group and g <= 8
+  a window and channel (with `kivi`, also KIVI's values: a token and group of 32 channels), windows of 32,
+  head dim 128, at most 8 query heads a KV head, JAX >= 0.11."""
+  values_ok = not vp.channel_group or (kivi and vp.channel_group == 32)
+  return (kp.bits in bits and vp.bits == kp.bits and not kp.channel_group and values_ok and g <= 8
           and window == mosaic_int2.WINDOW and h == mosaic_int2.HEAD_DIM and mosaic_int2.available())
+
+
+def kivi_options(options: dict) -> dict:
+  """`mosaic_int2` options for a pool of KIVI's values: theirs per token (`values_per_token`), through shared
+  memory; the paths that read a window's value metadata off."""
+  return dict(options, values_per_token=True, values_in_registers=False, values_scaled_after=False,
+              ldmatrix_metadata=False, metadata_in_thread_order=False)
 
 
 def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, windows: int,
@@ -833,12 +852,15 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, w
   q = qg.reshape(n, g, h).astype(jnp.float32) * (q_scale * _LOG2E)
   flat = lambda x: x.reshape(n, *x.shape[2:])
   splits = mosaic_splits(n, max(1, -(-windows // 2)), config)
-  groups = dict(config.mosaic_options).get("warpgroups", 1)  # programs a CTA: the splits a multiple of it
+  options = dict(config.mosaic_options)
+  if vp.channel_group:  # KIVI's values
+    options = kivi_options(options)
+  groups = options.get("warpgroups", 1)  # programs a CTA: the splits a multiple of it
   splits = -(-splits // groups) * groups
   o_t, m, l = mosaic_int2.range_partials(
       q, flat(kp.data), flat(kp.scale), flat(kp.minimum), flat(vp.data), flat(vp.scale), flat(vp.minimum),
       first, count, windows=windows, splits=splits,
-      interpret=mosaic_int2.interpret_params() if interpret else None, **dict(config.mosaic_options))
+      interpret=mosaic_int2.interpret_params() if interpret else None, **options)
   half = mosaic_int2.COLUMNS // 2  # [n, J, H, 16]: column c is head c % 8 of window parity c // 8
   m, l = (x.reshape(b, kh, 2 * splits, half) for x in (m, l))
   return o_t.reshape(b, kh, splits, h, 2, half), m, l

@@ -178,13 +178,17 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
                                           values_in_registers=True, metadata_in_thread_order=True),
                                      *(dict(mi.VARIANTS[name], ranged=True, bits=4) for name in (  # INT4, s27
-                                         "wg4_large_batch_ftz_vregs", "wg4_large_batch_ftz_vregs_one_warp_fetch"))])
+                                         "wg4_large_batch_ftz_vregs", "wg4_large_batch_ftz_vregs_one_warp_fetch")),
+                                     *(dict(mi.VARIANTS["wg4_large_batch_ftz_kivi"], ranged=ranged, bits=bits)
+                                       for ranged in (False, True) for bits in (2, 4))])  # KIVI's values, s27
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
   import jax
   options = dict(options)  # the parameter itself stays as given
   shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in random_case(0, 4, 512, 7, options.pop("bits", 2))]
+  if options.get("values_per_token"):  # KIVI's value metadata: a token's 4 groups of 32 channels
+    shapes[5:] = [jax.ShapeDtypeStruct((4, 512, mi.HEAD_DIM // 32), np.float16)] * 2
   splits = options.get("warpgroups", 2)
   if options.pop("ranged", False):
     lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.range_partials(
@@ -246,6 +250,50 @@ def test_wgmma_layout_is_as_the_register_paths_assume():
   assert offsets((128, 64)) == sorted((r, c) for r in (0, 8, 64, 72) for c in range(0, 64, 8))
   assert offsets((128, 16)) == sorted((r, c) for r in (0, 8, 64, 72) for c in (0, 8))
   assert offsets((64, 32)) == sorted((r, c) for r in (0, 8) for c in range(0, 32, 8))
+
+
+def kivi_values(case, seed=1):
+  """`case` with KIVI's value metadata: a scale and minimum a token and group of 32 channels, [N, T, 4]."""
+  q, kc, ks, km, vc, _, _ = case
+  rng = np.random.default_rng(seed)
+  bits = vc.shape[-1] * 8 // mi.HEAD_DIM
+  shape = (*vc.shape[:2], mi.HEAD_DIM // 32)
+  scale = (rng.uniform(0.05, 0.3, shape) * 3 / ((1 << bits) - 1)).astype(np.float16)
+  return q, kc, ks, km, vc, scale, (rng.normal(size=shape) * 0.5).astype(np.float16)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("options", [dict(), dict(dequantize_keys=True, lagged_max=True, warpgroups=2,
+                                                  overlap_values=False, magic_exponents=True),
+                                     dict(defer_values_wgmma=True, overlap_values=False)])
+def test_values_per_token_match(interpret, bits, options):
+  """KIVI's values (a scale and minimum a token and group of 32 channels) give the attention of the dequantized
+  cache; the reference's per-token reading matters (a window's reading of the same numbers is far off)."""
+  case = kivi_values(random_case(3, 2, 256, 7, bits=bits))
+  options = dict(options, values_per_token=True)
+  out = np.asarray(mi.attend(*case, splits=2, interpret=interpret, options=tuple(options.items())))
+  want = mi.reference(*case)
+  np.testing.assert_allclose(out, want, atol=2e-3, rtol=0)
+  q, kc, ks, km, vc, vs, vm = case
+  as_windows = lambda x: np.repeat(x[:, ::mi.WINDOW], mi.HEAD_DIM // 4, axis=2)  # a window's first token, per channel
+  assert np.abs(mi.reference(q, kc, ks, km, vc, as_windows(vs), as_windows(vm)) - want).max() > 0.05
+  first, count = 1, 5  # a range at an odd window: the token pairs' offset
+  o_t, m, l = mi.range_partials(q, kc, ks, km, vc, vs, vm, first, count, windows=8, splits=2,
+                                interpret=interpret, **options)
+  part = (slice(None), slice(first * mi.WINDOW, (first + count) * mi.WINDOW))
+  np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, 7)),
+                             mi.reference(q, kc[part], ks[:, first:first + count], km[:, first:first + count],
+                                          vc[part], vs[part], vm[part]), atol=2e-3, rtol=0)
+
+
+def test_values_per_token_are_refused_where_they_cannot_go():
+  case = kivi_values(random_case(3, 1, 128, 7))
+  for option in ("values_in_registers", "values_scaled_after", "ldmatrix_metadata"):
+    with pytest.raises(ValueError, match="values_per_token"):
+      mi.int2_decode(*case[:3], case[3], *case[4:], splits=1, values_per_token=True, dequantize_keys=True,
+                     magic_exponents=True, **{option: True})
+  with pytest.raises(ValueError, match="values_per_token"):  # a window's metadata where a token's is expected
+    mi.int2_decode(*random_case(3, 1, 128, 7), splits=1, values_per_token=True, dequantize_keys=True)
 
 
 def test_int4_value_rows_are_the_parts_of_two_byte_columns():
@@ -362,6 +410,48 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                                   window_size=window, tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens,
                                   q_scale=h ** -0.5, config=config, interpret=interpret is not None)[0]
   assert len(sets) == (3 if variant in ("int2_int4", "vregs_int4") else 2)  # Triton's, then a Mosaic launch a pool
+
+
+def test_kivi_pools_through_quantized_decode(interpret):
+  """`MOSAIC_KIVI`: KIVI's INT2 and INT4 pools (values a token and group of 32 channels) in Mosaic launches, the
+  high-precision residual and the rest through Triton, merged; without `kivi_mosaic` they stay with Triton."""
+  import jax.numpy as jnp
+
+  from pallas_kernels import quantized_decode as qd
+  b, kh, g, h, window = 2, 2, 7, mi.HEAD_DIM, mi.WINDOW
+  rng = np.random.default_rng(8)
+
+  def pool(bits, windows, per_token):
+    tokens = windows * window
+    if bits == 16:
+      return qd.PoolArrays(jnp.asarray(rng.normal(size=(b, kh, tokens, h)), jnp.bfloat16), None, None, 16)
+    codes = jnp.asarray(rng.integers(0, 256, (b, kh, tokens, h * bits // 8), dtype=np.uint8))
+    meta = (b, kh, tokens, h // 32) if per_token else (b, kh, windows, h)
+    scale = jnp.asarray(rng.uniform(0.02, 0.1, meta), jnp.float16)
+    return qd.PoolArrays(codes, scale, -scale * jnp.asarray(rng.integers(0, 1 << bits, meta), jnp.float16), bits,
+                         32 if per_token else 0)
+
+  shapes = ((16, 3), (4, 4), (2, 9))
+  k_pools = tuple(pool(bits, w, False) for bits, w in shapes)
+  v_pools = tuple(pool(bits, w, True) for bits, w in shapes)
+  offsets, counts, slice_windows = jnp.array([1, 0, 3]), jnp.array([2, 3, 5]), (2, 3, 6)
+  rest_k, rest_v = (jnp.asarray(rng.normal(size=(b, kh, 24, h)), jnp.bfloat16) for _ in range(2))
+  rest_len = jnp.array([10, 20])
+  qg = jnp.asarray(rng.normal(size=(b, kh, g, h)), jnp.float32)
+  assert not qd.mosaic_serves(k_pools[2], v_pools[2], g, h, window)
+  assert qd.mosaic_serves(k_pools[2], v_pools[2], g, h, window, kivi=True)
+  pool_tokens = tuple(w * window for w in slice_windows)
+  kwargs = dict(window_size=window, tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
+                interpret=interpret is not None)
+  want = qd.reference(qg * h ** -0.5, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+                      window_size=window)
+  for config, launches in ((qd.MOSAIC_KIVI, 3), (qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, 1)):
+    out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, config=config,
+                              **kwargs)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=3e-3, rtol=0)
+    sets = qd._partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, config=config,
+                                    **kwargs)[0]
+    assert len(sets) == launches  # Triton's, then a Mosaic launch a KIVI pool where kivi_mosaic is on
 
 
 @pytest.mark.parametrize("batch,windows,launches", [(32, 1024, 2), (31, 1024, 1), (32, 511, 1)])
