@@ -10,38 +10,19 @@ from __future__ import annotations
 import argparse
 import re
 
-import jax
-import jax.numpy as jnp
-
+from benchmarks import mosaic_sass
 from pallas_kernels import mosaic_int2 as mi
 
 BARRIER = re.compile(r'"bar\.sync [^"]*"')
 
 
 def kernel_mlir(variant: str) -> str:
-  """The kernel's module as text, for 4 pairs x 512 tokens and 2 splits (one a warpgroup where a CTA has
-  more)."""
-  from jax.experimental.mosaic.gpu import core
-  captured = []
-  serde = core._run_serde_pass
-
-  def capture(module, *args, **kwargs):
-    captured.append(str(module))
-    return serde(module, *args, **kwargs)
-
+  """The kernel's module as text (before Mosaic serializes it), for 4 pairs x 512 tokens and 2 splits (one a
+  warpgroup where a CTA has more)."""
   options = dict(mi.VARIANTS[variant])
-  codes = jax.ShapeDtypeStruct((4, 512, mi.HEAD_DIM // 4), jnp.uint8)
-  metadata = jax.ShapeDtypeStruct((4, 512 // mi.WINDOW, mi.HEAD_DIM), jnp.float16)
-  shapes = [jax.ShapeDtypeStruct((4, 7, mi.HEAD_DIM), jnp.float32), codes, metadata, metadata, codes, metadata,
-            metadata]
   splits = max(2, options.get("warpgroups", 1))  # a split a warpgroup of a CTA; 8 steps keep >= 2 a split
-  fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, **options))
-  core._run_serde_pass = capture
-  try:
-    fn.trace(*shapes).lower(lowering_platforms=("cuda",))
-  finally:
-    core._run_serde_pass = serde
-  return captured[-1]
+  shapes = mosaic_sass.pool_shapes(4, 512, per_token=bool(options.get("values_per_token")))
+  return mosaic_sass.lowered_modules(options, shapes, splits, lambda module, serialized, serialize: str(module))[-1]
 
 
 def _region_end(lines: list[str], first: int) -> int:

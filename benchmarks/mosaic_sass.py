@@ -91,42 +91,59 @@ def plugin_library(cache: Path, given: str | None) -> Path:
   return cache / "plugin" / "jax_plugins" / "xla_cuda12" / "xla_cuda_plugin.so"
 
 
-def serialized_module(variant: str, batch: int, tokens: int, splits: int, overrides: dict | None = None,
-                      bits: int = 2) -> bytes:
-  """The variant's Mosaic module as the custom call carries it (bytecode after Mosaic's serialization pass),
-  for `batch` (request, KV head) pairs x a pool of `tokens` INT2 (or `bits`) codes (Qwen2-7B: 7 query heads a
-  KV head), with `overrides` of its options."""
+def pool_shapes(batch: int, tokens: int, bits: int = 2, per_token: bool = False) -> list:
+  """The kernel's inputs (q and a pool) as shapes: `batch` (request, KV head) pairs x `tokens` tokens of INT2
+  (or `bits`) codes, Qwen2-7B's 7 query heads a KV head; `per_token`: KIVI's value metadata."""
   import jax
   import jax.numpy as jnp
+
+  from pallas_kernels import mosaic_int2 as mi
+  codes = jax.ShapeDtypeStruct((batch, tokens, mi.HEAD_DIM * bits // 8), jnp.uint8)
+  metadata = jax.ShapeDtypeStruct((batch, tokens // mi.WINDOW, mi.HEAD_DIM), jnp.float16)
+  values = jax.ShapeDtypeStruct((batch, tokens, mi.HEAD_DIM // 32), jnp.float16) if per_token else metadata
+  return [jax.ShapeDtypeStruct((batch, 7, mi.HEAD_DIM), jnp.float32), codes, metadata, metadata, codes, values,
+          values]
+
+
+def lowered_modules(options: dict, shapes: list, splits: int, keep) -> list:
+  """`keep(module, serialized, serialize)` of each call of Mosaic's serde pass (spied on: the module it was
+  given, which it leaves as it was, and the one it returns) while `pool_partials` with `options` is lowered for
+  CUDA on this machine."""
+  import jax
   from jax.experimental.mosaic.gpu import core
 
   from pallas_kernels import mosaic_int2 as mi
-
-  captured = []
+  kept = []
   serde = core._run_serde_pass
 
-  def capture(module, *, serialize, ir_version=None):
+  def spy(module, *, serialize, ir_version=None):
     out = serde(module, serialize=serialize, ir_version=ir_version)
-    if serialize:
-      buffer = io.BytesIO()
-      out.operation.write_bytecode(buffer)
-      captured.append(buffer.getvalue())
+    kept.append(keep(module, out, serialize))
     return out
 
-  codes = jax.ShapeDtypeStruct((batch, tokens, mi.HEAD_DIM * bits // 8), jnp.uint8)
-  metadata = jax.ShapeDtypeStruct((batch, tokens // mi.WINDOW, mi.HEAD_DIM), jnp.float16)
-  options = dict(mi.VARIANTS[variant], **(overrides or {}))
-  value_metadata = (jax.ShapeDtypeStruct((batch, tokens, mi.HEAD_DIM // 32), jnp.float16)
-                    if options.get("values_per_token") else metadata)  # KIVI's: a token's groups of 32 channels
-  shapes = [jax.ShapeDtypeStruct((batch, 7, mi.HEAD_DIM), jnp.float32), codes, metadata, metadata, codes,
-            value_metadata, value_metadata]
   fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, **options))
-  core._run_serde_pass = capture
+  core._run_serde_pass = spy
   try:
     fn.trace(*shapes).lower(lowering_platforms=("cuda",))
   finally:
     core._run_serde_pass = serde
-  return captured[-1]
+  return kept
+
+
+def serialized_module(variant: str, batch: int, tokens: int, splits: int, overrides: dict | None = None,
+                      bits: int = 2) -> bytes:
+  """The variant's Mosaic module as the custom call carries it (bytecode after Mosaic's serialization pass),
+  for `batch` (request, KV head) pairs x a pool of `tokens` INT2 (or `bits`) codes, with `overrides` of its
+  options."""
+  from pallas_kernels import mosaic_int2 as mi
+
+  def bytecode(module, serialized, serialize):
+    buffer = io.BytesIO()
+    serialized.operation.write_bytecode(buffer)
+    return buffer.getvalue() if serialize else None
+  options = dict(mi.VARIANTS[variant], **(overrides or {}))
+  shapes = pool_shapes(batch, tokens, bits, bool(options.get("values_per_token")))
+  return [m for m in lowered_modules(options, shapes, splits, bytecode) if m is not None][-1]
 
 
 def _compile_in_this_process(args) -> None:

@@ -356,7 +356,7 @@ def test_bad_shapes_are_refused():
 
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
                                      "int2_int4", "merged", "pdl", "values_after",
-                                     "in_place", "all", "ftz", "ftz_block2", "vregs_int4", "lean"])
+                                     "in_place", "all", "ftz", "ftz_block2", "vregs_int4"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -392,7 +392,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 values_after=qd.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER,
                 in_place=qd.MOSAIC_FOUR_WARPGROUPS_IN_PLACE, all=qd.MOSAIC_FOUR_WARPGROUPS_ALL,
                 ftz=qd.MOSAIC_FOUR_WARPGROUPS_FTZ, ftz_block2=qd.MOSAIC_FOUR_WARPGROUPS_FTZ_BLOCK2,
-                vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, lean=qd.MOSAIC_FOUR_WARPGROUPS_LEAN)[variant]
+                vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
