@@ -354,9 +354,10 @@ def test_bad_shapes_are_refused():
     mi.query_operands(np.zeros((1, 9, mi.HEAD_DIM), np.float32))
 
 
+# Configurations that differ from these only in options the interpret mode does not run (PDL's wait, O^T in place,
+# magic exponents, ldmatrix, registers for V^T) are held to their lowering for CUDA instead.
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
-                                     "int2_int4", "merged", "pdl", "values_after",
-                                     "in_place", "all", "ftz", "ftz_block2", "vregs_int4"])
+                                     "int2_int4", "merged", "values_after", "ftz", "ftz_block2", "vregs_int4"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -388,9 +389,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   config = dict(default=qd.DecodeConfig(int2_mosaic=True), bias_in_kernel=qd.MOSAIC_BIAS_IN_KERNEL,
                 four_warpgroups=qd.MOSAIC_FOUR_WARPGROUPS, dequantize_keys=qd.MOSAIC_DEQUANTIZED_KEYS,
                 lagged_max=qd.MOSAIC_LAGGED_MAX, int2_int4=qd.MOSAIC_INT2_INT4,
-                merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED, pdl=qd.MOSAIC_FOUR_WARPGROUPS_PDL,
-                values_after=qd.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER,
-                in_place=qd.MOSAIC_FOUR_WARPGROUPS_IN_PLACE, all=qd.MOSAIC_FOUR_WARPGROUPS_ALL,
+                merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED, values_after=qd.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER,
                 ftz=qd.MOSAIC_FOUR_WARPGROUPS_FTZ, ftz_block2=qd.MOSAIC_FOUR_WARPGROUPS_FTZ_BLOCK2,
                 vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
