@@ -82,9 +82,10 @@ METHODS = {
     "B": ("windowquant", WindowQuantConfig(random_plan=True)),
     "C": ("windowquant", WindowQuantConfig(reorder=False)),
 }
-# Pools the Mosaic kernels serve, by method: none for fp16 and KIVI (values scaled a token), so their
-# programs under a "pallas:mosaic_*" path are "pallas"'s; rtn4's only under a path that takes INT4 too.
-MOSAIC_POOLS = {"fp16": (), "kivi2": (), "kivi4": (), "rtn4": (4,)}  # others: INT2 (and INT4)
+# The kinds of pool each method's cache holds that a Mosaic path may serve: none for fp16, so its programs
+# under a "pallas:mosaic_*" path are "pallas"'s; KIVI's only under a path that takes KIVI's values (a scale a
+# token), rtn4's only under one that takes INT4.
+MOSAIC_POOLS = {"fp16": (), "kivi2": ("kivi2",), "kivi4": ("kivi4",), "rtn4": (4,)}  # others: INT2 (and INT4)
 XLA_ONLY = {"C"}  # the interleaved layout has one reader, XLA's: timed under "xla" whatever --attention asks
 ALPHAS = (0.5, 1.0, 2.0, 3.0, 4.0)
 WINDOW_SIZES = (8, 16, 32, 64, 128)
@@ -277,7 +278,8 @@ class Report:
          "the prefill logits); tok_s = batch / step; floor = (weights + cache bytes) / copy bandwidth"),
         ("- speedup_vs_fp16: fp16's step / this step, same setting and attention, else fp16 under the "
          "first attention asked for (C runs under xla only; a method is not timed again under a "
-         "pallas:mosaic_* path that serves none of its pools: fp16, KIVI, rtn4 but under the INT4 one); "
+         "pallas:mosaic_* path that serves none of its pools: fp16, KIVI but under a KIVI one, rtn4 but under "
+         "an INT4 one); "
          "vs_fp16_attention says which; byte_speedup: (weights + fp16 cache) / (weights + this cache); "
          "achieved = speedup_vs_fp16 / byte_speedup"),
         ("- A: no fixed first window; B: random bit widths, each layer's searched counts; C: no reorder "
@@ -377,14 +379,26 @@ def _attentions(method: str, asked: list[str]) -> list[str]:
   to the Mosaic kernel); else either would time "pallas" again. All of them where "pallas" was not asked."""
   if "pallas" not in asked:
     return asked
-  served = lambda a: (2, 4) if "int4" in a else (2,)
   bits = MOSAIC_POOLS.get(method, (2, 4))
 
   def differs(a):
     if a == "pallas:triton":
       return 2 in bits
-    return not a.startswith("pallas:mosaic") or bool(set(bits) & set(served(a)))
+    return not a.startswith("pallas:mosaic") or bool(set(bits) & served(a))
   return [a for a in asked if differs(a)]
+
+
+def served(attention_name: str) -> set:
+  """The kinds of pool (as MOSAIC_POOLS names them) a "pallas:mosaic_*" path sends to the Mosaic kernel: from
+  its configuration where it is registered or a `decode_attention` variant, else by its name."""
+  from benchmarks.decode_attention import VARIANTS
+  from pallas_kernels import registration
+  config = registration.CONFIGS.get(attention_name) or VARIANTS.get(attention_name.split(":", 1)[-1])
+  if config is None:
+    return {2, 4} if "int4" in attention_name else {2}
+  widths = {2} if config.int2_mosaic else set()
+  widths |= {4} if config.int4_mosaic else set()
+  return widths | ({f"kivi{w}" for w in widths} if config.kivi_mosaic else set())
 
 
 def main_rows(model, prefills, built, setting: Setting, args, device, budget, report, workspace) -> None:

@@ -52,9 +52,13 @@ def _arrays(pool: Pool, used_windows: int) -> quantized_decode.PoolArrays | None
   return quantized_decode.PoolArrays(pool.data, pool.scale, pool.minimum, pool.bits, pool.channel_group)
 
 
+CONFIGS: dict[str, quantized_decode.DecodeConfig] = {}  # what each name registered here runs
+
+
 def register_variant(name: str, config: quantized_decode.DecodeConfig) -> None:
   """Registers the kernel with tiling `config` as implementation `name` (benchmarks time variants
   end to end this way)."""
+  CONFIGS[name] = config
 
   def pallas_attention(qg: Float[Array, "B K G H"], layer: LayerCache, *, scale: float) -> Float[Array, "B K G H"]:
     k_pools = tuple(_arrays(p, n) for p, n in zip(layer.k_pools, layer.slice_windows))

@@ -143,6 +143,13 @@ def test_methods_the_mosaic_paths_do_not_serve_are_not_timed_again_under_them():
   assert decode_throughput._attentions("rtn4", asked) == ["pallas", "pallas:mosaic_int2_int4"]
   assert decode_throughput._attentions("windowquant", asked) == asked
   assert decode_throughput._attentions("fp16", ["pallas:mosaic_int2"]) == ["pallas:mosaic_int2"]
+  # KIVI's pools and INT4 ones under the configuration that takes them (by its configuration, not its name)
+  asked = ["pallas", "pallas:mosaic_int2_wg4_vregs", "pallas:mosaic_int2_wg4_kivi"]
+  assert decode_throughput._attentions("kivi2", asked) == ["pallas", "pallas:mosaic_int2_wg4_kivi"]
+  assert decode_throughput._attentions("kivi4", asked) == ["pallas", "pallas:mosaic_int2_wg4_kivi"]
+  assert decode_throughput._attentions("rtn4", asked) == ["pallas", "pallas:mosaic_int2_wg4_kivi"]
+  assert decode_throughput._attentions("fp16", asked) == ["pallas"]
+  assert decode_throughput._attentions("windowquant", asked) == asked
   # "pallas" differs from "pallas:triton" only where it may send an INT2 pool to the Mosaic kernel
   asked = ["pallas", "pallas:triton"]
   assert decode_throughput._attentions("fp16", asked) == ["pallas"]
