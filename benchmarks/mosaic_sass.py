@@ -9,7 +9,7 @@ the device's compute capability. For each variant this script
      (`STAND_IN_DRIVER`: an sm_90 device, nothing else), with pip triton's ptxas and libdevice as the toolkit;
      Mosaic dumps the PTX and ptxas' report (`MOSAIC_GPU_DUMP_PTX`, `_PTXAS`); its host-side JIT then fails
      for want of the runtime library, after the dumps: nothing runs;
-  3. compiles the PTX with the same ptxas (`kernel_sass.compile_ptx`) and counts each loop's SASS.
+  3. compiles the PTX with the same ptxas (`kernel_sass.compile_ptx_text`) and counts each loop's SASS.
 
 Needs Python >= 3.12, `jax==0.11.2 jaxlib`, `triton` (ptxas 12.9, libdevice) and the plugin's shared library
 (`--plugin`, default: fetched once by `pip download --no-deps jax-cuda12-pjrt==<jax version>` into `--cache`,
@@ -79,16 +79,16 @@ def plugin_library(cache: Path, given: str | None) -> Path:
   if given:
     return Path(given)
   import jax
-  found = glob.glob(str(cache / "plugin" / "jax_plugins" / "xla_cuda12" / "xla_cuda_plugin.so"))
-  if found:
-    return Path(found[0])
-  wheels = cache / "wheels"
-  subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels),
-                  f"jax-cuda12-pjrt=={jax.__version__}"], check=True)
-  [wheel] = glob.glob(str(wheels / f"jax_cuda12_pjrt-{jax.__version__}-*.whl"))
-  with zipfile.ZipFile(wheel) as archive:
-    archive.extract("jax_plugins/xla_cuda12/xla_cuda_plugin.so", cache / "plugin")
-  return cache / "plugin" / "jax_plugins" / "xla_cuda12" / "xla_cuda_plugin.so"
+  member = "jax_plugins/xla_cuda12/xla_cuda_plugin.so"
+  library = cache / "plugin" / member
+  if not library.exists():
+    wheels = cache / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels),
+                    f"jax-cuda12-pjrt=={jax.__version__}"], check=True)
+    [wheel] = glob.glob(str(wheels / f"jax_cuda12_pjrt-{jax.__version__}-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+      archive.extract(member, cache / "plugin")
+  return library
 
 
 def pool_shapes(batch: int, tokens: int, bits: int = 2, per_token: bool = False) -> list:
@@ -137,10 +137,12 @@ def serialized_module(variant: str, batch: int, tokens: int, splits: int, overri
   options."""
   from pallas_kernels import mosaic_int2 as mi
 
-  def bytecode(module, serialized, serialize):
+  def bytecode(module, serialized, serialize):  # only the serializing pass's output goes to the custom call
+    if not serialize:
+      return None
     buffer = io.BytesIO()
     serialized.operation.write_bytecode(buffer)
-    return buffer.getvalue() if serialize else None
+    return buffer.getvalue()
   options = dict(mi.VARIANTS[variant], **(overrides or {}))
   shapes = pool_shapes(batch, tokens, bits, bool(options.get("values_per_token")))
   return [m for m in lowered_modules(options, shapes, splits, bytecode) if m is not None][-1]

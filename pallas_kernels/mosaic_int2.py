@@ -303,14 +303,12 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
     registers = {part: np.empty_like(codes.registers) for part in parts}
     indices = list(codes.layout.thread_idxs(codes.shape))
     if values and values_per_token:  # (row offset, group) -> the f16 scale and minimum in both halves
-      per_token, token_metadata = list(_register_offsets(tuple(codes.shape))), {}
+      offsets, token_metadata = list(_register_offsets(tuple(codes.shape))), {}
       groups = _static_column_groups(codes)
-      thread = mgpu.utils.thread_idx()
-      first_row = arith.addi(arith.muli(arith.andi(arith.shrui(thread, const(5)), const(3)), const(16)),
-                             arith.shrui(arith.andi(thread, const(31)), const(2)))  # 16 w + lane // 4
+      first_row = _first_row(mgpu.utils.thread_idx(), const)
 
       def token_scale(n, part, which):
-        row_offset, group = per_token[n][1], (width * part + 8 * groups[n]) // 32
+        row_offset, group = offsets[n][1], (width * part + 8 * groups[n]) // 32
         if (row_offset, group, which) not in token_metadata:
           row = arith.addi(first_row, const(row_offset))
           index = lambda v: arith.index_cast(ir.IndexType.get(), v)
@@ -377,6 +375,14 @@ def value_row_byte(group: int, bits: int) -> tuple[int, int]:
   (offset from byte column b, part): INT2's four groups are the four parts of byte b; INT4's are the two parts
   of bytes b and b + 32 (byte j holds channels j and j + 64)."""
   return (0, group) if bits == 2 else (32 * (group % 2), group // 2)
+
+
+def _first_row(thread, c):
+  """A thread's first row in the WGMMA layout of a [64, N] operand (i32): 16w + lane // 4, w its warp in the
+  warpgroup; its other row is 8 further. `c` makes i32 constants."""
+  from jax._src.lib.mlir.dialects import arith
+  return arith.addi(arith.muli(arith.andi(arith.shrui(thread, c(5)), c(3)), c(16)),
+                    arith.shrui(arith.andi(thread, c(31)), c(2)))
 
 
 def _thread_position(i32):
@@ -499,8 +505,7 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref):
     half2 = ir.VectorType.get((2,), ir.F16Type.get())
     c = lambda v: arith.constant(i32, v)
     thread = mgpu.utils.thread_idx()
-    row = arith.addi(arith.muli(arith.andi(arith.shrui(thread, c(5)), c(3)), c(16)),
-                     arith.shrui(arith.andi(thread, c(31)), c(2)))  # the thread's first token: 16w + lane // 4
+    row = _first_row(thread, c)  # the thread's first token
     lane_pair = arith.andi(thread, c(3))
     window = arith.shrui(row, c(5))  # both of its rows (row, row + 8) lie in one window
     base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
