@@ -1418,6 +1418,10 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # s25's kernel with KIVI's values (a scale and minimum a token and group of 32 channels; through shared memory:
     # `values_per_token`; untimed, s27): what serves kivi2 and kivi4 at large batches
     "wg4_large_batch_ftz_kivi": dict(_LARGE_BATCH, values_per_token=True),
+    # that, with a block's copies issued by one warp, and with the keys' channels permuted too (s28)
+    "wg4_large_batch_ftz_kivi_one_warp_fetch": dict(_LARGE_BATCH, values_per_token=True, fetch_by_one_warp=True),
+    "wg4_large_batch_ftz_kivi_lean": dict(_LARGE_BATCH, values_per_token=True, permuted_keys=True,
+                                          fetch_by_one_warp=True),
     # s25's kernel with three pipeline slots where two were (another 24 KB a CTA: 208 KB; no faster, s26)
     "wg4_large_batch_ftz_s3": dict(_LARGE_BATCH, stages=3),
     # s25's kernel with the scales and minimums in `thread_order`: a part's 4 pairs by one 16-byte load (no

@@ -266,6 +266,12 @@ MOSAIC_FOUR_WARPGROUPS_LEAN = dataclasses.replace(
 # 25's kernel with a window's value metadata). By default kivi2 and kivi4 take the Triton kernel, whose KIVI path
 # ran 2.5 x its floor at 32 x 100 (session 26): so that KIVI is compared kernel against kernel.
 MOSAIC_KIVI = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, kivi_mosaic=True)
+# The winners of session 28's kernel benches together ("pallas:mosaic_wg4_lean_all"): INT2 pools through the lean
+# kernel (permuted keys, copies by one warp: 229.2 µs against the V^T kernel's 251.1 at batch 60 x 19,968), INT4
+# pools through the V^T kernel with copies by one warp (260.0 against 305.7, and Triton's 353.5), KIVI's pools
+# through the Mosaic kernel (278.0 against Triton's 547.1 without the two cuts; `mosaic_*_s28_h200.md`).
+# `pool_options` keeps `permuted_keys` to INT2 pools.
+MOSAIC_LEAN_ALL = dataclasses.replace(MOSAIC_KIVI, mosaic_options=MOSAIC_FOUR_WARPGROUPS_LEAN.mosaic_options)
 # What the default runs for large launches (`for_launch`): that, with the two launches' partials merged in one
 # Pallas launch (`combine_with_heads_last_kernel`) where XLA takes five or more small kernels a layer. The
 # merged combine: 9.98 ms against 10.09 with XLA's merge at 32 x 100 (session 24).
@@ -834,6 +840,15 @@ def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int, b
           and window == mosaic_int2.WINDOW and h == mosaic_int2.HEAD_DIM and mosaic_int2.available())
 
 
+def pool_options(options: dict, bits: int, kivi: bool) -> dict:
+  """A configuration's `mosaic_int2` options as a pool of `bits` (and, with `kivi`, KIVI's values) takes them:
+  `permuted_keys` is INT2's, so an INT4 pool goes without it."""
+  options = kivi_options(options) if kivi else dict(options)
+  if bits != 2:
+    options["permuted_keys"] = False
+  return options
+
+
 def kivi_options(options: dict) -> dict:
   """`mosaic_int2` options for a pool of KIVI's values: theirs per token (`values_per_token`), through shared
   memory; the paths that read a window's value metadata off."""
@@ -852,9 +867,7 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, w
   q = qg.reshape(n, g, h).astype(jnp.float32) * (q_scale * _LOG2E)
   flat = lambda x: x.reshape(n, *x.shape[2:])
   splits = mosaic_splits(n, max(1, -(-windows // 2)), config)
-  options = dict(config.mosaic_options)
-  if vp.channel_group:  # KIVI's values
-    options = kivi_options(options)
+  options = pool_options(dict(config.mosaic_options), kp.bits, kivi=bool(vp.channel_group))
   groups = options.get("warpgroups", 1)  # programs a CTA: the splits a multiple of it
   splits = -(-splits // groups) * groups
   o_t, m, l = mosaic_int2.range_partials(

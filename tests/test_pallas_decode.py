@@ -170,6 +170,20 @@ def test_large_launches_take_the_mosaic_kernel():
   assert default.int4_launch.mosaic_min_pairs is None  # the INT4 launch's own tiling never switches
 
 
+def test_pool_options_keep_permuted_keys_to_int2():
+  """MOSAIC_LEAN_ALL's options as each pool takes them: INT2 keeps the permuted keys, INT4 goes without them (the
+  kernel refuses them there), KIVI's values go through shared memory; the copies by one warp stay for all."""
+  lean = dict(qd.MOSAIC_LEAN_ALL.mosaic_options)
+  assert lean["permuted_keys"] and lean["fetch_by_one_warp"] and lean["values_in_registers"]
+  assert qd.pool_options(lean, 2, kivi=False) == lean
+  int4 = qd.pool_options(lean, 4, kivi=False)
+  assert not int4["permuted_keys"] and int4["values_in_registers"] and int4["fetch_by_one_warp"]
+  kivi4 = qd.pool_options(lean, 4, kivi=True)
+  assert kivi4["values_per_token"] and not kivi4["values_in_registers"] and not kivi4["permuted_keys"]
+  assert qd.pool_options(lean, 2, kivi=True)["permuted_keys"]
+  assert lean == dict(qd.MOSAIC_LEAN_ALL.mosaic_options)  # the configuration's own options untouched
+
+
 def test_registered_as_pallas_on_a_bf16_cache():
   """decode_attention(implementation="pallas") with the default tiling, on bf16 codes built by OR-ing
   into 128.0 (exact), so only the bf16 rounding of q s and p separates it from the float32 reference."""
