@@ -166,9 +166,12 @@ class DecodeConfig:
   # 152 on the mix) and at 1 x 100 it loses the step (6.84 ms against 5.48: kernels XLA adds there at batch 1).
   # Session 24: with the merged combine `LARGE_BATCH_MOSAIC` now takes, 9.98 ms at 32 x 100 (timed as
   # "pallas:mosaic_int2_wg4_merged"; until `quantized_decode` took the combine from the launch's config, the
-  # default's large launches kept XLA's merge: 10.09 ms in the same run).
+  # default's large launches kept XLA's merge: 10.09 ms in the same run). Session 28: every pool the
+  # large-batch kernel serves (INT2, INT4, KIVI's) of 8k tokens or more, not INT2 pools of 16k only: the mixed
+  # plan at batch 60 x 32k (its INT4 pool 11.5k tokens) 711.6 µs against 739.5 with the INT4 pool in Triton
+  # (`decode_attention_b60_pool8k_s28.md`, `decode_attention_b60_s28.md`).
   mosaic_min_pairs: int | None = 128
-  mosaic_min_pool_tokens: int = 1 << 14
+  mosaic_min_pool_tokens: int = 1 << 13
   mosaic_min_splits: int = 8  # `mosaic_splits` starts its search here, or at one wave of programs if more
 
 
@@ -272,11 +275,16 @@ MOSAIC_KIVI = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, kivi_mosaic
 # through the Mosaic kernel (278.0 against Triton's 547.1 without the two cuts; `mosaic_*_s28_h200.md`).
 # `pool_options` keeps `permuted_keys` to INT2 pools.
 MOSAIC_LEAN_ALL = dataclasses.replace(MOSAIC_KIVI, mosaic_options=MOSAIC_FOUR_WARPGROUPS_LEAN.mosaic_options)
-# What the default runs for large launches (`for_launch`): that, with the two launches' partials merged in one
-# Pallas launch (`combine_with_heads_last_kernel`) where XLA takes five or more small kernels a layer. The
-# merged combine: 9.98 ms against 10.09 with XLA's merge at 32 x 100 (session 24).
-LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_FOUR_WARPGROUPS_VREGS, k) for k in (
-    "mosaic_programs_per_multiprocessor", "mosaic_options", "fused_combine", "mosaic_min_splits")}
+# What the default runs for large launches (`for_launch`): that (since session 28: the 7B step at 32 x 100 8.52
+# ms against 8.81 for windowquant, rtn4 9.06 against 10.13, kivi2 9.04 against 12.94, kivi4 9.58 against 10.32,
+# `decode_throughput_*_s28_lean_all_gpu.md`), with the launches' partials merged in one Pallas launch
+# (`combine_with_heads_last_kernel`) where XLA takes five or more small kernels a layer. The merged combine: 9.98
+# ms against 10.09 with XLA's merge at 32 x 100 (session 24); for two Mosaic launches (INT2 and INT4 pools) it
+# replaces a transposed, concatenated copy and the combine kernel (~40 µs of 545 at batch 60 x 32k, mix; untimed).
+LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_LEAN_ALL, k) for k in (
+    "mosaic_programs_per_multiprocessor", "mosaic_options", "fused_combine", "mosaic_min_splits", "int4_mosaic",
+    "kivi_mosaic")}
+LARGE_BATCH_BITS = (2, 4) if LARGE_BATCH_MOSAIC["int4_mosaic"] else (2,)  # the widths its launches serve
 # The Triton kernel for every pool, at every batch ("pallas:triton": the baseline the Mosaic benches compare to).
 TRITON_ONLY = DecodeConfig(mosaic_min_pairs=None)
 
@@ -729,8 +737,8 @@ def quantized_decode(
   sets, config = _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                                        window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
                                        config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
-  if len(sets) == 2 and config.fused_combine and sets[1][0].ndim == 6:  # Triton's and one Mosaic launch's
-    return combine_with_heads_last_kernel(*sets, qg.shape[2], interpret=interpret)
+  if len(sets) > 1 and config.fused_combine and all(s[0].ndim == 6 for s in sets[1:]):  # Triton's, Mosaic's
+    return combine_with_heads_last_kernel(*sets, group=qg.shape[2], interpret=interpret)
   if len(sets) > 1 and not config.fused_combine:
     # The Triton and Mosaic launches' partials (Gp and 8 rows) merged where they lie: no concatenated copy.
     return combine_sets(sets, qg.shape[2])
@@ -795,12 +803,15 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
   layer = jnp.zeros((1,), jnp.int32) if rest_layer is None else jnp.reshape(rest_layer, (1,)).astype(jnp.int32)
   launch = functools.partial(_launch, q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, layer,
                              window_size=window_size, q_scale=q_scale, interpret=interpret)
-  int2 = [i for i in present if k_pools[i].bits == 2 and not k_pools[i].channel_group]
   requested = config
-  config = for_launch(config, b * kh, max((pool_tokens[i] for i in int2), default=0), interpret=interpret)
+  large = [pool_tokens[i] for i in present if mosaic_serves(k_pools[i], v_pools[i], g, h, window_size,
+                                                             LARGE_BATCH_BITS, LARGE_BATCH_MOSAIC["kivi_mosaic"])]
+  config = for_launch(config, b * kh, max(large, default=0), interpret=interpret)
   served = (2,) * config.int2_mosaic + (4,) * config.int4_mosaic
   mosaic = [i for i in present if mosaic_serves(k_pools[i], v_pools[i], g, h, window_size, served,
                                                 config.kivi_mosaic)]
+  if config is not requested:  # the default's large launch: only the pools long enough to win there
+    mosaic = [i for i in mosaic if pool_tokens[i] >= config.mosaic_min_pool_tokens]
   if mosaic:  # those pools in Mosaic GPU launches (one each), the others as configured
     others = tuple(None if j in mosaic else p for j, p in enumerate(k_pools))
     triton = dataclasses.replace(config, int2_mosaic=False, int4_mosaic=False, mosaic_min_pairs=None)
@@ -820,12 +831,13 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
   return [launch(present, True, tokens_hint, config)], requested
 
 
-def for_launch(config: DecodeConfig, pairs: int, int2_tokens: int, *, interpret: bool) -> DecodeConfig:
-  """`config`, or, where its INT2 pool would be large enough for the Mosaic kernel to win (`mosaic_min_pairs`
-  pairs, an INT2 pool of `mosaic_min_pool_tokens` tokens a layer, not in interpret mode), that with the INT2
-  pool through it (`mosaic_serves` still decides whether the kernel can take the pool)."""
+def for_launch(config: DecodeConfig, pairs: int, pool_tokens: int, *, interpret: bool) -> DecodeConfig:
+  """`config`, or, where a pool the large-batch kernel serves would be large enough for it to win
+  (`mosaic_min_pairs` pairs, `pool_tokens` >= `mosaic_min_pool_tokens` tokens a layer in the largest such
+  pool, not in interpret mode), `LARGE_BATCH_MOSAIC`'s configuration (the caller sends it only the pools of
+  that many tokens; `mosaic_serves` still decides whether the kernel can take a pool)."""
   if (config.int2_mosaic or config.mosaic_min_pairs is None or interpret or pairs < config.mosaic_min_pairs
-          or int2_tokens < config.mosaic_min_pool_tokens):
+          or pool_tokens < config.mosaic_min_pool_tokens):
     return config
   return dataclasses.replace(config, int2_mosaic=True, mosaic_min_pairs=None, **LARGE_BATCH_MOSAIC)
 
@@ -1060,13 +1072,14 @@ def combine_kernel(o: Float[Array, "B K J Gp H"], m: Float[Array, "B K J Gp"], l
 _UNROLLED_MERGES = 16  # parts a merge loop of `combine_with_heads_last_kernel` takes unrolled
 
 
-def _combine_with_heads_last_body(to_ref, tm_ref, tl_ref, mo_ref, mm_ref, ml_ref, out_ref, *, triton_parts: int,
-                                  mosaic_splits: int, group: int):
-  """One (request, KV head): the Triton launch's parts (rows: its padded heads), then the Mosaic launch's
+def _combine_with_heads_last_body(to_ref, tm_ref, tl_ref, *refs, triton_parts: int, mosaic_splits: tuple,
+                                  group: int):
+  """One (request, KV head): the Triton launch's parts (rows: its padded heads), then each Mosaic launch's
   splits (heads last: a split's [H, 16] block holds window parity p's heads in columns 8p ... 8p + 7), merged
-  online a part at a time on 8 rows, one a head."""
+  online a part at a time on 8 rows, one a head. `refs`: (o, m, l) of each Mosaic launch, then the output."""
   bk = pl.program_id(0)
   rows = mosaic_int2.COLUMNS // 2
+  out_ref = refs[-1]
 
   def merge(state, m, l, o):  # m, l [8], o [8, H]
     m_run, l_run, o_run = state
@@ -1078,12 +1091,14 @@ def _combine_with_heads_last_body(to_ref, tm_ref, tl_ref, mo_ref, mm_ref, ml_ref
     r = bk * triton_parts + j
     return merge(state, tm_ref[r, pl.ds(0, rows)], tl_ref[r, pl.ds(0, rows)], to_ref[r, pl.ds(0, rows), :])
 
-  def mosaic_split(j, state):
-    r = bk * mosaic_splits + j
-    for parity in range(2):
-      cols = pl.ds(parity * rows, rows)
-      state = merge(state, mm_ref[r, cols], ml_ref[r, cols], mo_ref[r, :, cols].T)
-    return state
+  def mosaic_split(mo_ref, mm_ref, ml_ref, splits):
+    def body(j, state):
+      r = bk * splits + j
+      for parity in range(2):
+        cols = pl.ds(parity * rows, rows)
+        state = merge(state, mm_ref[r, cols], ml_ref[r, cols], mo_ref[r, :, cols].T)
+      return state
+    return body
 
   def loop(n, body, state):  # unrolled where short: the parts' loads do not wait for each other's merge
     if n <= _UNROLLED_MERGES:
@@ -1093,29 +1108,34 @@ def _combine_with_heads_last_body(to_ref, tm_ref, tl_ref, mo_ref, mm_ref, ml_ref
     return lax.fori_loop(0, n, body, state)
 
   m, l, (o,) = _fresh(rows, to_ref.shape[2], 1)
-  m, l, o = loop(mosaic_splits, mosaic_split, loop(triton_parts, triton_part, (m, l, o)))
+  state = loop(triton_parts, triton_part, (m, l, o))
+  for i, splits in enumerate(mosaic_splits):
+    state = loop(splits, mosaic_split(*refs[3 * i:3 * i + 3], splits), state)
+  m, l, o = state
   out = o / jnp.where(l > 0, l, 1.0)[:, None]
   real = lax.broadcasted_iota(jnp.int32, out.shape, 0) < group
   plgpu.store(out_ref.at[pl.ds(bk * group, rows), :], out, mask=real)
 
 
-def combine_with_heads_last_kernel(triton_set, mosaic_set, group: int, *, interpret: bool = False):
-  """`combine_sets` of the Triton launch's partials (o [B, K, J, Gp, H], m and l [B, K, J, Gp]) and one Mosaic
-  launch's (o heads last [B, K, J', H, 2, 8], m and l [B, K, 2J', 8]), G <= 8, as one launch: a program per
-  (request, KV head), where XLA's merge of the two sets takes five or more kernels (session 23's profile)."""
+def combine_with_heads_last_kernel(triton_set, *mosaic_sets, group: int, interpret: bool = False):
+  """`combine_sets` of the Triton launch's partials (o [B, K, J, Gp, H], m and l [B, K, J, Gp]) and one or more
+  Mosaic launches' (o heads last [B, K, J', H, 2, 8], m and l [B, K, 2J', 8]), G <= 8, as one launch: a program
+  per (request, KV head), where XLA's merge takes five or more kernels (session 23's profile) and, for two
+  Mosaic launches, a transposed and concatenated copy (~30 µs at batch 60 x 32k, session 28)."""
   to, tm, tl = triton_set
-  mo, mm, ml = mosaic_set
   b, kh, parts, gp, h = to.shape
-  splits = mo.shape[2]
-  if group > mosaic_int2.COLUMNS // 2 or gp < mosaic_int2.COLUMNS // 2 or mo.shape[3:] != (h, 2, 8):
-    raise ValueError(f"combine_with_heads_last_kernel: G = {group} <= 8 heads, Triton rows {gp} >= 8, "
-                     f"Mosaic o [B, K, J, {h}, 2, 8]; got {mo.shape}")
   n = b * kh
-  inputs = [to.reshape(n * parts, gp, h), tm.reshape(n * parts, gp), tl.reshape(n * parts, gp),
-            mo.reshape(n * splits, h, 16), mm.reshape(n * splits, 16), ml.reshape(n * splits, 16)]
+  inputs = [to.reshape(n * parts, gp, h), tm.reshape(n * parts, gp), tl.reshape(n * parts, gp)]
+  for mo, mm, ml in mosaic_sets:
+    if group > mosaic_int2.COLUMNS // 2 or gp < mosaic_int2.COLUMNS // 2 or mo.shape[3:] != (h, 2, 8):
+      raise ValueError(f"combine_with_heads_last_kernel: G = {group} <= 8 heads, Triton rows {gp} >= 8, "
+                       f"Mosaic o [B, K, J, {h}, 2, 8]; got {mo.shape}")
+    splits = mo.shape[2]
+    inputs += [mo.reshape(n * splits, h, 16), mm.reshape(n * splits, 16), ml.reshape(n * splits, 16)]
   whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
   out = pl.pallas_call(
-      functools.partial(_combine_with_heads_last_body, triton_parts=parts, mosaic_splits=splits, group=group),
+      functools.partial(_combine_with_heads_last_body, triton_parts=parts, group=group,
+                        mosaic_splits=tuple(mo.shape[2] for mo, _, _ in mosaic_sets)),
       grid=(n,),
       in_specs=[whole(x) for x in inputs],
       out_specs=pl.BlockSpec((pl.Element(n * group), pl.Element(h)), lambda i: (0, 0)),

@@ -150,20 +150,21 @@ def test_mosaic_split_count_weighs_waves(batch, steps):
 
 
 def test_large_launches_take_the_mosaic_kernel():
-  """The default tiling puts the INT2 pool through the Mosaic kernel (its four-warpgroup variant) only where it
-  won on the H200: many (request, KV head) pairs and a long INT2 pool, not in interpret mode; an explicit
+  """The default tiling puts the INT2, INT4 and KIVI pools through the Mosaic kernel (`MOSAIC_LEAN_ALL`'s) only
+  where it won on the H200: many (request, KV head) pairs and a long pool, not in interpret mode; an explicit
   configuration is left as it is, and TRITON_ONLY never switches."""
   default = qd.DecodeConfig()
   big = qd.for_launch(default, 128, 1 << 15, interpret=False)
   assert big.int2_mosaic and big.mosaic_min_pairs is None
-  assert big.mosaic_options == qd.MOSAIC_FOUR_WARPGROUPS_VREGS.mosaic_options
+  assert big.mosaic_options == qd.MOSAIC_LEAN_ALL.mosaic_options and big.int4_mosaic and big.kivi_mosaic
   assert big.mosaic_programs_per_multiprocessor == 4 and big.fused_combine  # the two sets merged in one launch
-  assert dataclasses.replace(big, mosaic_min_pairs=128) == qd.MOSAIC_FOUR_WARPGROUPS_VREGS
+  assert dataclasses.replace(big, mosaic_min_pairs=128) == qd.MOSAIC_LEAN_ALL
   if qd._multiprocessors(big) == 132:  # an H200's (or a CPU's stand-in): 4 x 132 slots hold 128 pairs x 4 splits
     assert qd.mosaic_splits(128, 306, big) == 4 and qd.mosaic_splits(128, 306, qd.MOSAIC_FOUR_WARPGROUPS) == 8
   assert dataclasses.replace(big, int2_mosaic=False, mosaic_min_pairs=128,
                              **{k: getattr(default, k) for k in qd.LARGE_BATCH_MOSAIC}) == default
-  for pairs, tokens, interpret in ((127, 1 << 15, False), (128, (1 << 14) - 32, False), (128, 1 << 15, True)):
+  short = default.mosaic_min_pool_tokens - 32
+  for pairs, tokens, interpret in ((127, 1 << 15, False), (128, short, False), (128, 1 << 15, True)):
     assert qd.for_launch(default, pairs, tokens, interpret=interpret) is default
   assert qd.for_launch(qd.TRITON_ONLY, 1024, 1 << 17, interpret=False) is qd.TRITON_ONLY
   assert qd.for_launch(qd.MOSAIC_LAGGED_MAX, 1024, 1 << 17, interpret=False) is qd.MOSAIC_LAGGED_MAX
@@ -322,15 +323,33 @@ def test_combine_with_heads_last_kernel_matches_combine_sets(triton_parts, mosai
   o2, m2, l2 = o2.at[1].set(0.0), m2.at[1].set(qd._NEG), l2.at[1].set(0.0)  # request 1: no Mosaic window
   sets = [(o1, m1, l1), (o2, m2, l2)]
   want = qd.combine_sets(sets, group)
-  got = jax.jit(lambda s, t: qd.combine_with_heads_last_kernel(s, t, group, interpret=True))(*sets)
+  got = jax.jit(lambda s, t: qd.combine_with_heads_last_kernel(s, t, group=group, interpret=True))(*sets)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_combine_with_heads_last_kernel_takes_two_mosaic_sets():
+  """The merge of a Triton set and two Mosaic sets of different split counts (the INT2 and INT4 pools' launches)
+  in one launch, against `combine_sets`, on fresh partials."""
+  b, kh, h, group = 2, 2, 128, 7
+  keys = iter(jax.random.split(jax.random.PRNGKey(5), 9))
+  sets = [(jax.random.normal(next(keys), (b, kh, 3, 16, h)) * 5, jax.random.normal(next(keys), (b, kh, 3, 16)) * 4,
+           jax.random.uniform(next(keys), (b, kh, 3, 16), minval=0.5, maxval=3.0))]
+  for splits in (4, 2):
+    sets.append((jax.random.normal(next(keys), (b, kh, splits, h, 2, 8)) * 5,
+                 jax.random.normal(next(keys), (b, kh, 2 * splits, 8)) * 4 + 3,
+                 jax.random.uniform(next(keys), (b, kh, 2 * splits, 8), minval=0.5, maxval=3.0)))
+  want = qd.combine_sets(sets, group)
+  got = jax.jit(lambda *s: qd.combine_with_heads_last_kernel(*s, group=group, interpret=True))(*sets)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
 def test_combine_with_heads_last_kernel_lowers_to_triton_for_cuda():
   sets = [(jnp.zeros((32, 4, 3, 16, 128)), jnp.zeros((32, 4, 3, 16)), jnp.zeros((32, 4, 3, 16))),
           (jnp.zeros((32, 4, 8, 128, 2, 8)), jnp.zeros((32, 4, 16, 8)), jnp.zeros((32, 4, 16, 8)))]
-  lowered = jax.jit(lambda s, t: qd.combine_with_heads_last_kernel(s, t, 7)).trace(*sets)
-  assert "wq_combine_with_mosaic" in lowered.lower(lowering_platforms=("cuda",)).as_text()
+  for mosaic_sets in (1, 2):  # the INT2 pool's launch, and the INT4 pool's beside it
+    lowered = jax.jit(lambda *s: qd.combine_with_heads_last_kernel(*s, group=7)).trace(*sets, *sets[1:] * (
+        mosaic_sets - 1))
+    assert "wq_combine_with_mosaic" in lowered.lower(lowering_platforms=("cuda",)).as_text()
 
 
 def test_fused_combine_through_the_kernel():
