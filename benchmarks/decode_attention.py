@@ -195,7 +195,7 @@ def rel_err(a, b):
   return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
 
 
-def measure(batch, tokens, plan, *, key, config=None, with_xla=True):
+def measure(batch, tokens, plan, *, key, config=None, with_xla=True, gpu_time=False):
   c0 = synthetic_cache(key, batch, tokens, plan)
   nbytes = c0.nbytes
   inner = inner_calls(nbytes)
@@ -205,8 +205,14 @@ def measure(batch, tokens, plan, *, key, config=None, with_xla=True):
   row = dict(batch=batch, tokens=tokens, plan=plan, bytes=nbytes, inner=inner, copies=len(caches),
              windows=list(window_counts(tokens, plan)), config=dataclasses.asdict(config or qd.DecodeConfig()),
              splits=qd.num_splits(batch, KV_HEADS, tokens, config or qd.DecodeConfig()))
-  t, comp, finite, out = bench(pallas_fn(config), [(c,) for c in caches], qs)
+  inputs = [(c,) for c in caches]
+  compiled, comp = compile_calls(pallas_fn(config), inputs, qs)
+  t, _, finite, out = bench(pallas_fn(config), inputs, qs, compiled=compiled)
   row.update(pallas_s=t, pallas_compile_s=comp, pallas_finite=finite, pallas_TBps=nbytes / t / 1e12)
+  if gpu_time:  # the kernels a call, from a profile: where a plan's launches spend it
+    gpu = device_time(compiled, inputs, qs)
+    row.update(pallas_gpu_s=gpu and gpu["kernel_s"], pallas_gpu_span_s=gpu and gpu["span_s"],
+               pallas_gpu_top=gpu and gpu["top"])
   # Dequantized f32 copies of every pool: skip where they would not fit comfortably.
   if with_xla and 4 * batch * KV_HEADS * tokens * HEAD_DIM * 4 < 40e9:
     try:
@@ -553,6 +559,7 @@ def main(argv=None):
   ap.add_argument("--variants", default="", help="comma list of VARIANTS to time at batch 8, 32k tokens")
   ap.add_argument("--variant-plans", default="mix", help="plans each variant is timed on (the first picks the best)")
   ap.add_argument("--check", action="store_true", help="run the correctness checks")
+  ap.add_argument("--gpu-time", action="store_true", help="profile each sweep row's call: its kernels' GPU time")
   ap.add_argument("--no-sweep", action="store_true")
   ap.add_argument("--breakdown", action="store_true", help="time the parts of a batch-1 call at 1k tokens")
   ap.add_argument("--phases", default="", help="'batch,tokens;...': a program a phase against phases in turn")
@@ -624,7 +631,7 @@ def main(argv=None):
         try:
           if (batch, tokens) not in cudnn:
             cudnn[batch, tokens] = measure_cudnn(batch, tokens, key=key)
-          row = measure(batch, tokens, plan, key=key, config=config)
+          row = measure(batch, tokens, plan, key=key, config=config, gpu_time=args.gpu_time)
           row.update(cudnn[batch, tokens])
         except Exception as e:
           print(f"{batch} {tokens} {plan} failed: {e!r}"[:800], flush=True)
@@ -637,6 +644,9 @@ def main(argv=None):
               f"{row['pallas_TBps']:.2f} TB/s | cudnn {cud * 1e6:.1f} us | xla {xla * 1e6:.1f} us"
               f" | err vs xla {row.get('pallas_vs_xla_rel_err', float('nan')):.1e} "
               f"| compile {row['pallas_compile_s']:.1f} s", flush=True)
+        if row.get("pallas_gpu_top"):
+          print(f"  GPU {row['pallas_gpu_s'] * 1e6:.1f} us (span {row['pallas_gpu_span_s'] * 1e6:.1f}): "
+                + ", ".join(f"{k} {v * 1e6:.1f}" for k, v in row["pallas_gpu_top"].items()), flush=True)
         save()
         jax.clear_caches()
     if report["results"]:
