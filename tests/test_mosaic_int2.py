@@ -210,6 +210,11 @@ def test_thread_order_puts_a_threads_pairs_together():
     for lane in range(4):
       chunk = ordered[32 * part + 8 * lane: 32 * part + 8 * lane + 8]
       np.testing.assert_array_equal(chunk, [32 * part + 8 * g + 2 * lane + e for g in range(4) for e in range(2)])
+  # the permuted keys' q^T: q's channels permuted before `query_operands` give its rows permuted, for any axis
+  q = np.random.default_rng(0).normal(size=(3, 7, mi.HEAD_DIM)).astype(np.float32)
+  for scaled in (False, True):
+    np.testing.assert_array_equal(np.asarray(mi.query_operands(mi.thread_order(q, axis=2), part_scaled=scaled)),
+                                  np.take(np.asarray(mi.query_operands(q, part_scaled=scaled)), ordered, axis=1))
 
 
 def test_metadata_in_thread_order_matches(interpret):
