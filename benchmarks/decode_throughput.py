@@ -93,7 +93,7 @@ TINY_SETTINGS = ["3x12", "1x24"]  # 3 and 6 windows of 32 visual tokens (9 a fra
 
 COLUMNS = ["setting", "method", "attention", "ms_step", "tok_s", "floor_ms", "step_over_floor",
            "speedup_vs_fp16", "byte_speedup", "achieved", "vs_fp16_attention", "cache_MB", "fp16_equiv_MB",
-           "weights_MB", "windows_16_4_2", "in_use_GB", "peak_GB", "loop_temp_MB", "compile_s"]
+           "weights_MB", "windows_16_4_2", "in_use_GB", "peak_GB", "loop_temp_MB", "compile_s", "host_ms"]
 CAPACITY_COLUMNS = ["method", "frames", "cache_MB_per_request", "workspace_MB_per_request", "workspace_MB_fixed",
                     "free_GB", "max_batch", "prefill_admits_batch", "cache_MB_per_frame", "max_frames_memory",
                     "max_frames_context", "verified_batch", "verified"]
@@ -231,10 +231,27 @@ def time_loop(model, prefilled, job: Job, compiled, steps: int, repeats: int) ->
     start = time.perf_counter()
     jax.block_until_ready(compiled(*call.arrays))
     times.append(time.perf_counter() - start)
+  host = host_dispatch_seconds(compiled, call)
   memory = compiled.memory_analysis()
-  return {"loop_s": statistics.median(times), "loop_times_s": times, "cache_bytes": cache.nbytes,
+  return {"loop_s": statistics.median(times), "loop_times_s": times, "host_s": statistics.median(host),
+          "cache_bytes": cache.nbytes,
           "fp16_equiv_bytes": generation.high_precision_bytes(cache), "in_use_bytes": in_use,
           "peak_bytes": _stat("peak_bytes_in_use"), "temp_bytes": getattr(memory, "temp_size_in_bytes", None)}
+
+
+def host_dispatch_seconds(loop: generation.DecodeLoop, call) -> list[float]:
+  """The host's seconds in each step's call during one more run of the loop: a call returns once its step is
+  enqueued, so where they match the step's time the host, not the GPU, paces the loop (the GPU idles between
+  steps; session 28's profile found the idle time there, not between a step's launches)."""
+  spent = []
+
+  def timed(*args):
+    start = time.perf_counter()
+    out = loop.step(*args)
+    spent.append(time.perf_counter() - start)
+    return out
+  jax.block_until_ready(generation.DecodeLoop(loop.static, step=timed)(*call.arrays))
+  return spent
 
 
 def _stat(key: str) -> int | None:
@@ -275,7 +292,9 @@ class Report:
          "from it and repeated along the request axis (real copies in memory): the plan is the one a batch "
          "of identical requests votes"),
         ("- ms_step: median decode-loop time / (steps - 1) after a warm-up call (the first token comes from "
-         "the prefill logits); tok_s = batch / step; floor = (weights + cache bytes) / copy bandwidth"),
+         "the prefill logits); tok_s = batch / step; floor = (weights + cache bytes) / copy bandwidth; "
+         "host_ms: the median time the host spends in a step's call (it returns once the step is enqueued: "
+         "where it nears ms_step, the host paces the loop)"),
         ("- speedup_vs_fp16: fp16's step / this step, same setting and attention, else fp16 under the "
          "first attention asked for (C runs under xla only; a method is not timed again under a "
          "pallas:mosaic_* path that serves none of its pools: fp16, KIVI but under a KIVI one, rtn4 but under "
@@ -420,7 +439,8 @@ def main_rows(model, prefills, built, setting: Setting, args, device, budget, re
                cache_MB=t["cache_bytes"] / 1e6, fp16_equiv_MB=t["fp16_equiv_bytes"] / 1e6,
                weights_MB=device["weight_bytes"] / 1e6, windows_16_4_2=_counts(job.built.cache.plan),
                in_use_GB=_gb(t["in_use_bytes"]), peak_GB=_gb(t["peak_bytes"]), loop_temp_MB=_mb(t["temp_bytes"]),
-               compile_s=t["compile_s"], loop_times_s=t["loop_times_s"], steps=args.steps)
+               compile_s=t["compile_s"], loop_times_s=t["loop_times_s"], steps=args.steps,
+               host_ms=1e3 * t["host_s"])
     report.rows.append(row)
     # An XLA-only layout (C) is compared with fp16 under the same attention where it ran, else under the
     # first one asked for: what it would replace.

@@ -30,6 +30,7 @@ def test_every_method_is_timed_in_every_setting(results):
     assert r["ms_step"] > 0 and r["tok_s"] > 0 and r["floor_ms"] > 0 and r["compile_s"] > 0
     assert r["tok_s"] == pytest.approx(1e3 * r["batch"] / r["ms_step"])
     assert len(r["loop_times_s"]) == 2
+    assert 0 < r["host_ms"] < r["ms_step"] * 10  # the host's time in a step's call (on a CPU it runs the step)
   assert (out / f"decode_throughput_tiny_t_{jax.default_backend()}.md").read_text().count("| 3x12 |") == 9
   assert (out / f"decode_throughput_tiny_t_{jax.default_backend()}.png").stat().st_size > 0
 

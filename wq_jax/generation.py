@@ -263,6 +263,11 @@ class DecodeLoop:
   def _ended(dones) -> bool:
     return bool(jnp.all(dones[-1]))
 
+  @property
+  def step(self):
+    """The compiled step the loop calls once a token."""
+    return self._step
+
   def memory_analysis(self):
     return getattr(self._step, "memory_analysis", lambda: None)()
 
