@@ -226,12 +226,12 @@ def time_loop(model, prefilled, job: Job, compiled, steps: int, repeats: int) ->
   _, made, _ = jax.block_until_ready(compiled(*call.arrays))
   if int(made) != steps:
     raise RuntimeError(f"the loop made {int(made)} of {steps} tokens")
-  times = []
+  times, host = [], []
+  timed = host_timed(compiled, host)
   for _ in range(repeats):
     start = time.perf_counter()
-    jax.block_until_ready(compiled(*call.arrays))
+    jax.block_until_ready(timed(*call.arrays))
     times.append(time.perf_counter() - start)
-  host = host_dispatch_seconds(compiled, call)
   memory = compiled.memory_analysis()
   return {"loop_s": statistics.median(times), "loop_times_s": times, "host_s": statistics.median(host),
           "cache_bytes": cache.nbytes,
@@ -239,19 +239,16 @@ def time_loop(model, prefilled, job: Job, compiled, steps: int, repeats: int) ->
           "peak_bytes": _stat("peak_bytes_in_use"), "temp_bytes": getattr(memory, "temp_size_in_bytes", None)}
 
 
-def host_dispatch_seconds(loop: generation.DecodeLoop, call) -> list[float]:
-  """The host's seconds in each step's call during one more run of the loop: a call returns once its step is
+def host_timed(loop: generation.DecodeLoop, spent: list) -> generation.DecodeLoop:
+  """`loop`, appending to `spent` the host's seconds in each step's call: a call returns once its step is
   enqueued, so where they match the step's time the host, not the GPU, paces the loop (the GPU idles between
   steps; session 28's profile found the idle time there, not between a step's launches)."""
-  spent = []
-
   def timed(*args):
     start = time.perf_counter()
     out = loop.step(*args)
     spent.append(time.perf_counter() - start)
     return out
-  jax.block_until_ready(generation.DecodeLoop(loop.static, step=timed)(*call.arrays))
-  return spent
+  return generation.DecodeLoop(loop.static, step=timed)
 
 
 def _stat(key: str) -> int | None:
