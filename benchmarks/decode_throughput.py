@@ -391,15 +391,18 @@ def run_jobs(model, prefilled, jobs: list[Job], args, budget: Budget, report: Re
 
 def _attentions(method: str, asked: list[str]) -> list[str]:
   """The attentions to time `method` under: a "pallas:mosaic_*" path only where it serves one of the
-  method's pools, and "pallas:triton" only where the method has INT2 pools (the one kind "pallas" may send
-  to the Mosaic kernel); else either would time "pallas" again. All of them where "pallas" was not asked."""
+  method's pools, and "pallas:triton" only where the method has pools that "pallas" may send to the Mosaic
+  kernel (at large batches, as `LARGE_BATCH_MOSAIC` says); else either would time "pallas" again. All of them
+  where "pallas" was not asked."""
   if "pallas" not in asked:
     return asked
   bits = MOSAIC_POOLS.get(method, (2, 4))
 
   def differs(a):
     if a == "pallas:triton":
-      return 2 in bits
+      from pallas_kernels import quantized_decode as qd
+      large = dataclasses.replace(qd.DecodeConfig(), int2_mosaic=True, **qd.LARGE_BATCH_MOSAIC)
+      return bool(set(bits) & _kinds(large))
     return not a.startswith("pallas:mosaic") or bool(set(bits) & served(a))
   return [a for a in asked if differs(a)]
 
@@ -412,6 +415,11 @@ def served(attention_name: str) -> set:
   config = registration.CONFIGS.get(attention_name) or VARIANTS.get(attention_name.split(":", 1)[-1])
   if config is None:
     return {2, 4} if "int4" in attention_name else {2}
+  return _kinds(config)
+
+
+def _kinds(config) -> set:
+  """The kinds of pool (as MOSAIC_POOLS names them) `config` sends to the Mosaic kernel."""
   widths = {2} if config.int2_mosaic else set()
   widths |= {4} if config.int4_mosaic else set()
   return widths | ({f"kivi{w}" for w in widths} if config.kivi_mosaic else set())

@@ -151,9 +151,11 @@ def test_methods_the_mosaic_paths_do_not_serve_are_not_timed_again_under_them():
   assert decode_throughput._attentions("rtn4", asked) == ["pallas", "pallas:mosaic_int2_wg4_kivi"]
   assert decode_throughput._attentions("fp16", asked) == ["pallas"]
   assert decode_throughput._attentions("windowquant", asked) == asked
-  # "pallas" differs from "pallas:triton" only where it may send an INT2 pool to the Mosaic kernel
+  # "pallas" differs from "pallas:triton" only where it may send a pool to the Mosaic kernel: INT2, INT4 and
+  # KIVI's at large batches (`LARGE_BATCH_MOSAIC`), never fp16's
   asked = ["pallas", "pallas:triton"]
   assert decode_throughput._attentions("fp16", asked) == ["pallas"]
-  assert decode_throughput._attentions("rtn4", asked) == ["pallas"]
+  for method in ("rtn4", "kivi2", "kivi4"):
+    assert decode_throughput._attentions(method, asked) == asked
   assert decode_throughput._attentions("windowquant", asked) == asked
   assert decode_throughput._attentions("rtn2", asked) == asked
