@@ -140,6 +140,7 @@ class Job:
   attention: str
   compiler_options: dict | None = None  # XLA options of this loop's compilation (`--xla-options`)
   norms: str = "xla"  # the decode step's residual adds and RMS norms: XLA's, or fused ("pallas", `--norms`)
+  donate_state: bool = True  # False: every step writes new buffers (`--undonated`)
 
 
 # ----------------------------------------------------------------------------- batches from one request
@@ -208,7 +209,8 @@ def compile_all(model, prefilled, jobs: list[Job], steps: int, workers: int) -> 
     cache, logits, positions = batch_inputs(prefilled, job.built, job.batch, abstract=True)
     start = time.perf_counter()
     compiled = generation.decode_call(model, cache, logits, positions, steps=steps, eos_ids=NO_EOS,
-                                      attention=job.attention, norms=job.norms).compile(job.compiler_options)
+                                      attention=job.attention, norms=job.norms).compile(job.compiler_options,
+                                                                                        job.donate_state)
     return compiled, time.perf_counter() - start
 
   pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1)))
@@ -429,9 +431,11 @@ def main_rows(model, prefills, built, setting: Setting, args, device, budget, re
   """Times every (method, attention) of a setting; notes each loop's workspace in `workspace`."""
   prefilled = prefills[setting.frames]
   jobs = [Job({"setting": setting.name, "method": m,
-               "attention": a + (f" [{name}]" if name else "") + (" [pallas norms]" if norms == "pallas" else "")},
-              built[setting.frames, m], setting.batch, a, options, norms)
+               "attention": a + (f" [{name}]" if name else "") + (" [pallas norms]" if norms == "pallas" else "")
+               + ("" if donate else " [state not donated]")},
+              built[setting.frames, m], setting.batch, a, options, norms, donate)
           for name, options in [("", None), *args.xla_options]
+          for donate in [True, *([False] if args.undonated else [])]
           for norms in args.norms
           for m in args.methods for a in (["xla"] if m in XLA_ONLY else _attentions(m, args.attention))]
 
@@ -616,6 +620,9 @@ def parse_args(argv=None):
   parser.add_argument("--norms", nargs="+", default=["xla"], choices=["xla", "pallas"],
                       help="the decode step's residual adds and RMS norms: XLA's, and/or one Pallas launch each "
                            "(`pallas_kernels.residual_norm`); rows say [pallas norms] after the attention")
+  parser.add_argument("--undonated", action="store_true",
+                      help="also time every loop with a step that writes its state (token, index, rest segment...) "
+                           "to new buffers, not the donated ones: rows say [state not donated]")
   parser.add_argument("--budget-s", type=float, default=1e9, help="start nothing new after this many seconds")
   parser.add_argument("--compile-workers", type=int, default=8)
   parser.add_argument("--memory-gb", type=float, help="device memory for --capacity where the allocator "

@@ -86,6 +86,39 @@ def test_logits_are_returned_per_step(model, videos):
   np.testing.assert_array_equal(g.logits[0].argmax(-1), g.token_ids)
 
 
+def test_decode_loop_stops_after_the_token_that_ends_the_last_request(model, videos):
+  frames = generate_module.load_frames([videos[3]], FRAMES)
+  prefilled = generate_module.prefill_requests(model, frames, [PROMPT], max_new_tokens=12)
+  built = generate_module.plan_and_build(prefilled, *generate_module.methods.resolve("rtn4", None), max_new_tokens=12)
+  call = lambda eos: generate_module.decode_call(model, built.cache, prefilled.first_logits,
+                                                 prefilled.next_positions, steps=12, eos_ids=eos)
+  free, made, _ = call([-1])()
+  assert int(made) == 12
+  free = np.asarray(free)[0]
+  eos = int(free[5])
+  ended = int(np.argmax(free == eos)) + 1
+  tokens, made, _ = call([eos])()
+  assert int(made) == ended
+  np.testing.assert_array_equal(np.asarray(tokens)[0, :ended], free[:ended])
+  assert not np.asarray(tokens)[0, ended:].any()
+
+
+def test_each_step_donates_the_loop_state(model, videos):
+  frames = generate_module.load_frames([videos[3]], FRAMES)
+  prefilled = generate_module.prefill_requests(model, frames, [PROMPT], max_new_tokens=4)
+  built = generate_module.plan_and_build(prefilled, *generate_module.methods.resolve("rtn2", None), max_new_tokens=4)
+  call = generate_module.decode_call(model, built.cache, prefilled.first_logits, prefilled.next_positions,
+                                     steps=4, eos_ids=[-1])
+  params, cache, first_logits, next_positions, eos_ids, key, temperature, top_p = call.arrays
+  state = generate_module._first_state(first_logits, (cache.rest_k, cache.rest_v, cache.rest_len), eos_ids, key,
+                                       temperature, top_p, greedy=True, steps=4)
+  loop = call.compile()
+  after, _ = loop.step(params, cache, state, eos_ids, next_positions, temperature, top_p)
+  assert all(x.is_deleted() for x in jax.tree.leaves(state))  # the step ran in the same buffers
+  assert not cache.rest_k.is_deleted()  # the caller's cache is copied into the state, not donated
+  assert int(after.index) == 2 and int(after.count) == 4
+
+
 class CompileCounter(logging.Handler):
   def __init__(self):
     super().__init__()

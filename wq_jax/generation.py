@@ -191,36 +191,57 @@ def plan_and_build(prefilled: Prefilled, spec: methods.Method, config, *, max_ne
   return BuiltCache(cache, np.asarray(plan, np.int32), scores, search_s, time.perf_counter() - start)
 
 
-@functools.partial(jax.jit, static_argnames=("greedy",))
-def _first_token(first_logits, eos_ids, key, temperature, top_p, *, greedy):
-  """The first generated token (from the prefill's logits), whether it ends each request, the next key."""
+class LoopState(NamedTuple):
+  """What one decode step hands the next, all on the device and donated from step to step, so that every
+  step runs on the same buffers (a CUDA graph whose buffer addresses change is updated on the host first)."""
+  rest: tuple  # (rest_k, rest_v, rest_len): the segment where each new token's K/V go
+  tokens: jax.Array  # [B, steps] int32: tokens made so far (token 0 from the prefill)
+  index: jax.Array  # int32: the token this step makes
+  done: jax.Array  # [B] bool: the request has emitted an end-of-sequence token
+  count: jax.Array  # int32: tokens up to the first step after which every request was done (else steps)
+  key: jax.Array  # the sampling key
+
+
+@functools.partial(jax.jit, static_argnames=("greedy", "steps"))
+def _first_state(first_logits, rest, eos_ids, key, temperature, top_p, *, greedy, steps):
+  """The loop's state after the first token (from the prefill's logits); the rest segment is copied, so the
+  caller's cache stays intact when the steps donate theirs."""
   key, sub = jax.random.split(key)
   first = _pick(first_logits, sub, temperature, top_p, greedy)
-  return first, jnp.isin(first, eos_ids), key
+  done = jnp.isin(first, eos_ids)
+  tokens = jnp.zeros((first.shape[0], steps), jnp.int32).at[:, 0].set(first)
+  count = jnp.where(jnp.all(done), 1, steps).astype(jnp.int32)
+  return LoopState(jax.tree.map(jnp.copy, rest), tokens, jnp.int32(1), done, count, key)
 
 
-def _step(params, cache, rest, prev, i, done, key, eos_ids, next_positions, temperature, top_p, *, cfg,
-          implementation, greedy, norms="xla"):
-  """Token i of every request from token i - 1: (new rest segment, token, done, key, logits).
+def _step(params, cache, state: LoopState, eos_ids, next_positions, temperature, top_p, *, cfg, implementation,
+          greedy, norms="xla", return_logits=False):
+  """Token `state.index` of every request from the one before: (the next state, its logits or None).
 
-  Only the rest segment (where the token's K/V go) is an output: the pools are
-  read-only, so they are neither copied nor donated.
+  Only the state is an output: the pools are read-only, so they are neither copied nor donated.
   """
-  rest_k, rest_v, rest_len = rest
+  i = state.index
+  rest_k, rest_v, rest_len = state.rest
   cache = cache.replace(rest_k=rest_k, rest_v=rest_v, rest_len=rest_len)
+  prev = jax.lax.dynamic_index_in_dim(state.tokens, i - 1, axis=1, keepdims=False)
   pos = next_positions + i - 1
   if cfg.mrope_section is not None:
     pos = jnp.broadcast_to(pos, (3, prev.shape[0]))
   logits, cache = qwen2.decode_step(params, cfg, prev, pos, cache, implementation=implementation, norms=norms)
-  key, sub = jax.random.split(key)
-  nxt = jnp.where(done, prev, _pick(logits, sub, temperature, top_p, greedy))
-  return (cache.rest_k, cache.rest_v, cache.rest_len), nxt, done | jnp.isin(nxt, eos_ids), key, logits
+  key, sub = jax.random.split(state.key)
+  nxt = jnp.where(state.done, prev, _pick(logits, sub, temperature, top_p, greedy))
+  done = state.done | jnp.isin(nxt, eos_ids)
+  count = jnp.where((state.count == state.tokens.shape[1]) & jnp.all(done), i + 1, state.count)
+  tokens = jax.lax.dynamic_update_index_in_dim(state.tokens, nxt, i, axis=1)
+  state = LoopState((cache.rest_k, cache.rest_v, cache.rest_len), tokens, i + 1, done, count, key)
+  return state, (logits if return_logits else None)
 
 
 # One jitted step a token, called from Python: inside a `lax.while_loop` the same step took 4.8 ms
 # longer on an H200 (7B, batch 1; benchmarks/results/decode_step_parts_b1_t64_whileloop_gpu.md), and the
-# loop's state copied the whole cache. The rest segment is donated from step to step.
-_jitted_step = jax.jit(_step, static_argnames=("cfg", "implementation", "greedy", "norms"), donate_argnums=(2,))
+# loop's state copied the whole cache. The state is donated from step to step.
+_jitted_step = jax.jit(_step, static_argnames=("cfg", "implementation", "greedy", "norms", "return_logits"),
+                       donate_argnums=(2,))
 _EOS_CHECK_EVERY = 8  # steps dispatched between host checks for "every request has ended"
 
 
@@ -229,39 +250,33 @@ class DecodeLoop:
 
   def __init__(self, static: dict, step=None):
     self.static = static
-    self._step = step or functools.partial(_jitted_step, cfg=static["cfg"],
-                                           implementation=static["implementation"], greedy=static["greedy"],
-                                           norms=static["norms"])
+    self._step = step or functools.partial(_jitted_step, **self.step_options)
+
+  @property
+  def step_options(self) -> dict:
+    s = self.static
+    return {"cfg": s["cfg"], "implementation": s["implementation"], "greedy": s["greedy"], "norms": s["norms"],
+            "return_logits": s["return_logits"]}
 
   def __call__(self, params, cache, first_logits, next_positions, eos_ids, key, temperature, top_p):
     steps, return_logits = self.static["steps"], self.static["return_logits"]
-    first, done, key = _first_token(first_logits, eos_ids, key, temperature, top_p, greedy=self.static["greedy"])
-    rest = jax.tree.map(jnp.copy, (cache.rest_k, cache.rest_v, cache.rest_len))  # the caller's stays intact
-    tokens, dones, logits = [first], [done], [first_logits]
-    count = steps
+    state = _first_state(first_logits, (cache.rest_k, cache.rest_v, cache.rest_len), eos_ids, key, temperature,
+                         top_p, greedy=self.static["greedy"], steps=steps)
+    logits = [first_logits]
     for i in range(1, steps):
-      if (i - 1) % _EOS_CHECK_EVERY == 0 and self._ended(dones):
+      if (i - 1) % _EOS_CHECK_EVERY == 0 and bool(jnp.all(state.done)):
         break
-      rest, nxt, done, key, step_logits = self._step(params, cache, rest, tokens[-1], jnp.int32(i), done, key,
-                                                     eos_ids, next_positions, temperature, top_p)
-      tokens.append(nxt)
-      dones.append(done)
+      state, step_logits = self._step(params, cache, state, eos_ids, next_positions, temperature, top_p)
       if return_logits:
         logits.append(step_logits)
-    ended = np.asarray(jnp.all(jnp.stack(dones), axis=1))
-    if ended.any():  # the loop stops after the first token that ends the last request
-      count = int(np.argmax(ended)) + 1
+    count = int(state.count)  # the loop stops after the first token that ends the last request
+    token_array = jnp.where(jnp.arange(steps) < count, state.tokens, 0)
     b, v = first_logits.shape
-    token_array = jnp.zeros((b, steps), jnp.int32).at[:, :count].set(jnp.stack(tokens[:count], axis=1))
     if return_logits:
       logit_array = jnp.zeros((b, steps, v), jnp.float32).at[:, :count].set(jnp.stack(logits[:count], axis=1))
     else:
       logit_array = jnp.zeros((b, 1, v), jnp.float32)
     return token_array, jnp.int32(count), logit_array
-
-  @staticmethod
-  def _ended(dones) -> bool:
-    return bool(jnp.all(dones[-1]))
 
   @property
   def step(self):
@@ -281,22 +296,23 @@ class DecodeCall(NamedTuple):
     """Tokens [B, steps] (the first from the prefill logits), how many were made, and their logits."""
     return DecodeLoop(self.static)(*self.arrays)
 
-  def compile(self, compiler_options: dict | None = None):
+  def compile(self, compiler_options: dict | None = None, donate_state: bool = True):
     """The loop over a step compiled ahead of time (`loop(*self.arrays)` runs it); arrays may be abstract.
 
     `compiler_options` are XLA debug options for this compilation only (the names XLA_FLAGS takes, without
-    the dashes), so that one process can time the same loop under two settings.
+    the dashes), so that one process can time the same loop under two settings. `donate_state=False` gives
+    every step new output buffers (benchmarks time what the donation saves).
     """
     params, cache, first_logits, next_positions, eos_ids, key, temperature, top_p = self.arrays
     b = first_logits.shape[0]
-    shape = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
-    args = (params, cache, (cache.rest_k, cache.rest_v, cache.rest_len), jax.ShapeDtypeStruct((b,), jnp.int32),
-            jax.ShapeDtypeStruct((), jnp.int32), jax.ShapeDtypeStruct((b,), jnp.bool_), key, eos_ids,
-            next_positions, temperature, top_p)
-    args = jax.tree.map(shape, args)
-    lowered = _jitted_step.lower(*args, cfg=self.static["cfg"], implementation=self.static["implementation"],
-                                 greedy=self.static["greedy"], norms=self.static["norms"])
-    compiled = lowered.compile(compiler_options=compiler_options)
+    scalar = jax.ShapeDtypeStruct((), jnp.int32)
+    state = LoopState((cache.rest_k, cache.rest_v, cache.rest_len), jax.ShapeDtypeStruct((b, self.static["steps"]),
+                      jnp.int32), scalar, jax.ShapeDtypeStruct((b,), jnp.bool_), scalar, key)
+    args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
+                        (params, cache, state, eos_ids, next_positions, temperature, top_p))
+    loop = DecodeLoop(self.static)
+    step = _jitted_step if donate_state else jax.jit(_step, static_argnames=tuple(loop.step_options))
+    compiled = step.lower(*args, **loop.step_options).compile(compiler_options=compiler_options)
     return DecodeLoop(self.static, step=compiled)
 
 
