@@ -330,11 +330,11 @@ def test_combine_with_heads_last_kernel_matches_combine_sets(triton_parts, mosai
 def test_combine_with_heads_last_kernel_takes_two_mosaic_sets():
   """The merge of a Triton set and two Mosaic sets of different split counts (the INT2 and INT4 pools' launches)
   in one launch, against `combine_sets`, on fresh partials."""
-  b, kh, h, group = 2, 2, 128, 7
+  b, kh, h, group = 1, 2, 128, 7
   keys = iter(jax.random.split(jax.random.PRNGKey(5), 9))
   sets = [(jax.random.normal(next(keys), (b, kh, 3, 16, h)) * 5, jax.random.normal(next(keys), (b, kh, 3, 16)) * 4,
            jax.random.uniform(next(keys), (b, kh, 3, 16), minval=0.5, maxval=3.0))]
-  for splits in (4, 2):
+  for splits in (2, 1):
     sets.append((jax.random.normal(next(keys), (b, kh, splits, h, 2, 8)) * 5,
                  jax.random.normal(next(keys), (b, kh, 2 * splits, 8)) * 4 + 3,
                  jax.random.uniform(next(keys), (b, kh, 2 * splits, 8), minval=0.5, maxval=3.0)))
