@@ -214,6 +214,13 @@ def _first_state(first_logits, rest, eos_ids, key, temperature, top_p, *, greedy
   return LoopState(jax.tree.map(jnp.copy, rest), tokens, jnp.int32(1), done, count, key)
 
 
+def _all_done(done: jax.Array) -> jax.Array:
+  """Whether every request has ended, its copy to the host started (read a few steps later)."""
+  flag = jnp.all(done)
+  flag.copy_to_host_async()
+  return flag
+
+
 def _step(params, cache, state: LoopState, eos_ids, next_positions, temperature, top_p, *, cfg, implementation,
           greedy, norms="xla", return_logits=False):
   """Token `state.index` of every request from the one before: (the next state, its logits or None).
@@ -242,7 +249,10 @@ def _step(params, cache, state: LoopState, eos_ids, next_positions, temperature,
 # loop's state copied the whole cache. The state is donated from step to step.
 _jitted_step = jax.jit(_step, static_argnames=("cfg", "implementation", "greedy", "norms", "return_logits"),
                        donate_argnums=(2,))
-_EOS_CHECK_EVERY = 8  # steps dispatched between host checks for "every request has ended"
+_EOS_CHECK_EVERY = 8  # steps between the flags "every request has ended" the host reads
+# Steps dispatched after a flag's before the host reads it: a read of the newest state would wait for the GPU to
+# finish every step it was sent, and it would idle while the host sent the next (session 28's profile).
+_EOS_CHECK_LAG = 2
 
 
 class DecodeLoop:
@@ -263,13 +273,16 @@ class DecodeLoop:
     state = _first_state(first_logits, (cache.rest_k, cache.rest_v, cache.rest_len), eos_ids, key, temperature,
                          top_p, greedy=self.static["greedy"], steps=steps)
     logits = [first_logits]
+    flags = [(0, _all_done(state.done))]  # (token, whether every request had ended by it), copied as they come
     for i in range(1, steps):
-      if (i - 1) % _EOS_CHECK_EVERY == 0 and bool(jnp.all(state.done)):
+      if flags and i - 1 - flags[0][0] >= _EOS_CHECK_LAG and bool(flags.pop(0)[1]):
         break
       state, step_logits = self._step(params, cache, state, eos_ids, next_positions, temperature, top_p)
       if return_logits:
         logits.append(step_logits)
-    count = int(state.count)  # the loop stops after the first token that ends the last request
+      if i % _EOS_CHECK_EVERY == 0:
+        flags.append((i, _all_done(state.done)))
+    count = int(state.count)  # tokens up to the first that ended the last request (the loop may run past it)
     token_array = jnp.where(jnp.arange(steps) < count, state.tokens, 0)
     b, v = first_logits.shape
     if return_logits:
