@@ -89,7 +89,8 @@ def test_logits_are_returned_per_step(model, videos):
 def test_decode_loop_stops_after_the_token_that_ends_the_last_request(model, videos):
   frames = generate_module.load_frames([videos[3]], FRAMES)
   prefilled = generate_module.prefill_requests(model, frames, [PROMPT], max_new_tokens=12)
-  built = generate_module.plan_and_build(prefilled, *generate_module.methods.resolve("rtn4", None), max_new_tokens=12)
+  spec, config = generate_module.methods.resolve("rtn4", None)
+  built = generate_module.plan_and_build(prefilled, spec, config, max_new_tokens=12)
   call = lambda eos: generate_module.decode_call(model, built.cache, prefilled.first_logits,
                                                  prefilled.next_positions, steps=12, eos_ids=eos)
   free, made, _ = call([-1])()
@@ -106,7 +107,8 @@ def test_decode_loop_stops_after_the_token_that_ends_the_last_request(model, vid
 def test_each_step_donates_the_loop_state(model, videos):
   frames = generate_module.load_frames([videos[3]], FRAMES)
   prefilled = generate_module.prefill_requests(model, frames, [PROMPT], max_new_tokens=4)
-  built = generate_module.plan_and_build(prefilled, *generate_module.methods.resolve("rtn2", None), max_new_tokens=4)
+  spec, config = generate_module.methods.resolve("rtn2", None)
+  built = generate_module.plan_and_build(prefilled, spec, config, max_new_tokens=4)
   call = generate_module.decode_call(model, built.cache, prefilled.first_logits, prefilled.next_positions,
                                      steps=4, eos_ids=[-1])
   params, cache, first_logits, next_positions, eos_ids, key, temperature, top_p = call.arrays
