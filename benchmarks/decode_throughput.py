@@ -141,6 +141,7 @@ class Job:
   compiler_options: dict | None = None  # XLA options of this loop's compilation (`--xla-options`)
   norms: str = "xla"  # the decode step's residual adds and RMS norms: XLA's, or fused ("pallas", `--norms`)
   donate_state: bool = True  # False: every step writes new buffers (`--undonated`)
+  per_call: int = 1  # steps a call of the compiled step (a loop on the device where more; `--steps-per-call`)
 
 
 # ----------------------------------------------------------------------------- batches from one request
@@ -208,9 +209,9 @@ def compile_all(model, prefilled, jobs: list[Job], steps: int, workers: int) -> 
   def compile_one(job):
     cache, logits, positions = batch_inputs(prefilled, job.built, job.batch, abstract=True)
     start = time.perf_counter()
-    compiled = generation.decode_call(model, cache, logits, positions, steps=steps, eos_ids=NO_EOS,
-                                      attention=job.attention, norms=job.norms).compile(job.compiler_options,
-                                                                                        job.donate_state)
+    call = generation.decode_call(model, cache, logits, positions, steps=steps, eos_ids=NO_EOS,
+                                  attention=job.attention, norms=job.norms, steps_per_call=job.per_call)
+    compiled = call.compile(job.compiler_options, job.donate_state)
     return compiled, time.perf_counter() - start
 
   pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, min(workers, os.cpu_count() or 1)))
@@ -292,8 +293,8 @@ class Report:
          "of identical requests votes"),
         ("- ms_step: median decode-loop time / (steps - 1) after a warm-up call (the first token comes from "
          "the prefill logits); tok_s = batch / step; floor = (weights + cache bytes) / copy bandwidth; "
-         "host_ms: the median time the host spends in a step's call (it returns once the step is enqueued: "
-         "where it nears ms_step, the host paces the loop)"),
+         "host_ms: the median time the host spends in a call of the compiled step (one step, or K where [K steps a "
+         "call]; it returns once the work is enqueued: where it nears the calls' GPU time, the host paces the loop)"),
         ("- speedup_vs_fp16: fp16's step / this step, same setting and attention, else fp16 under the "
          "first attention asked for (C runs under xla only; a method is not timed again under a "
          "pallas:mosaic_* path that serves none of its pools: fp16, KIVI but under a KIVI one, rtn4 but under "
@@ -432,10 +433,11 @@ def main_rows(model, prefills, built, setting: Setting, args, device, budget, re
   prefilled = prefills[setting.frames]
   jobs = [Job({"setting": setting.name, "method": m,
                "attention": a + (f" [{name}]" if name else "") + (" [pallas norms]" if norms == "pallas" else "")
-               + ("" if donate else " [state not donated]")},
-              built[setting.frames, m], setting.batch, a, options, norms, donate)
+               + ("" if donate else " [state not donated]") + (f" [{k} steps a call]" if k > 1 else "")},
+              built[setting.frames, m], setting.batch, a, options, norms, donate, k)
           for name, options in [("", None), *args.xla_options]
           for donate in [True, *([False] if args.undonated else [])]
+          for k in args.steps_per_call
           for norms in args.norms
           for m in args.methods for a in (["xla"] if m in XLA_ONLY else _attentions(m, args.attention))]
 
@@ -623,6 +625,9 @@ def parse_args(argv=None):
   parser.add_argument("--undonated", action="store_true",
                       help="also time every loop with a step that writes its state (token, index, rest segment...) "
                            "to new buffers, not the donated ones: rows say [state not donated]")
+  parser.add_argument("--steps-per-call", nargs="+", type=int, default=[1],
+                      help="steps a call of the compiled step: more than 1 runs them in a loop on the device "
+                           "(`generation.decode_call(steps_per_call=)`); rows say [K steps a call]")
   parser.add_argument("--budget-s", type=float, default=1e9, help="start nothing new after this many seconds")
   parser.add_argument("--compile-workers", type=int, default=8)
   parser.add_argument("--memory-gb", type=float, help="device memory for --capacity where the allocator "
@@ -637,6 +642,8 @@ def parse_args(argv=None):
   args.methods = sorted(dict.fromkeys(args.methods), key=lambda m: m != "fp16")
   if args.steps < 2:
     parser.error("--steps must be at least 2 (the first token comes from the prefill)")
+  if min(args.steps_per_call) < 1:
+    parser.error("--steps-per-call: at least 1")
   from pallas_kernels import registration  # noqa: F401 (registers the kernel's own names)
   from wq_jax import attention
   for name in args.attention:

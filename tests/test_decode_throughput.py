@@ -90,14 +90,16 @@ def test_xla_options_time_each_loop_again_in_the_same_run(tmp_path):
   assert "not a valid enum value" in md  # an option XLA refuses skips its rows, named, and the run goes on
 
 
-def test_fused_norms_are_timed_beside_xla_norms(tmp_path):
-  decode_throughput.main(["--tiny", "--settings", "1x24", "--methods", "fp16", "windowquant", "--steps", "3",
-                          "--repeats", "1", "--norms", "xla", "pallas", "--out", str(tmp_path), "--tag", "n"])
+def test_fused_norms_and_loops_on_the_device_are_timed_beside_the_default(tmp_path):
+  decode_throughput.main(["--tiny", "--settings", "1x24", "--methods", "fp16", "windowquant", "--steps", "4",
+                          "--repeats", "1", "--norms", "xla", "pallas", "--steps-per-call", "2",
+                          "--out", str(tmp_path), "--tag", "n"])
   report = json.loads((tmp_path / f"decode_throughput_tiny_n_{jax.default_backend()}.json").read_text())
   rows = {(r["method"], r["attention"]): r for r in report["rows"]}
-  assert set(rows) == {(m, a) for m in ("fp16", "windowquant") for a in ("xla", "xla [pallas norms]")}
-  assert rows["windowquant", "xla [pallas norms]"]["speedup_vs_fp16"] == pytest.approx(
-      rows["fp16", "xla [pallas norms]"]["ms_step"] / rows["windowquant", "xla [pallas norms]"]["ms_step"])
+  fused = "xla [pallas norms] [2 steps a call]"
+  assert set(rows) == {(m, a) for m in ("fp16", "windowquant") for a in ("xla [2 steps a call]", fused)}
+  assert rows["windowquant", fused]["speedup_vs_fp16"] == pytest.approx(
+      rows["fp16", fused]["ms_step"] / rows["windowquant", fused]["ms_step"])
 
 
 def test_xla_options_must_be_named_json():

@@ -87,21 +87,25 @@ def test_logits_are_returned_per_step(model, videos):
 
 
 def test_decode_loop_stops_after_the_token_that_ends_the_last_request(model, videos):
+  """A step a call, and 5 a call in a loop on the device (11 steps: the last call makes 1)."""
   frames = generate_module.load_frames([videos[3]], FRAMES)
   prefilled = generate_module.prefill_requests(model, frames, [PROMPT], max_new_tokens=12)
   spec, config = generate_module.methods.resolve("rtn4", None)
   built = generate_module.plan_and_build(prefilled, spec, config, max_new_tokens=12)
-  call = lambda eos: generate_module.decode_call(model, built.cache, prefilled.first_logits,
-                                                 prefilled.next_positions, steps=12, eos_ids=eos)
-  free, made, _ = call([-1])()
+  call = lambda eos, per_call: generate_module.decode_call(
+      model, built.cache, prefilled.first_logits, prefilled.next_positions, steps=12, eos_ids=eos,
+      steps_per_call=per_call)
+  free, made, _ = call([-1], 1)()
   assert int(made) == 12
   free = np.asarray(free)[0]
   eos = int(free[5])
   ended = int(np.argmax(free == eos)) + 1
-  tokens, made, _ = call([eos])()
-  assert int(made) == ended
-  np.testing.assert_array_equal(np.asarray(tokens)[0, :ended], free[:ended])
-  assert not np.asarray(tokens)[0, ended:].any()
+  for per_call in (1, 5):
+    tokens, made, _ = call([eos], per_call)()
+    assert int(made) == ended
+    np.testing.assert_array_equal(np.asarray(tokens)[0, :ended], free[:ended])
+    assert not np.asarray(tokens)[0, ended:].any()
+  np.testing.assert_array_equal(np.asarray(call([-1], 5)()[0])[0], free)
 
 
 def test_each_step_donates_the_loop_state(model, videos):

@@ -244,11 +244,24 @@ def _step(params, cache, state: LoopState, eos_ids, next_positions, temperature,
   return state, (logits if return_logits else None)
 
 
+def _steps(params, cache, state: LoopState, eos_ids, next_positions, temperature, top_p, *, per_call: int,
+           **options):
+  """Up to `per_call` steps in one call, a loop on the device that stops at the last token or once every
+  request has ended: (the next state, None)."""
+  limit = jnp.minimum(state.index + per_call, state.tokens.shape[1])
+  going = lambda s: (s.index < limit) & ~jnp.all(s.done)
+  body = lambda s: _step(params, cache, s, eos_ids, next_positions, temperature, top_p, **options)[0]
+  return jax.lax.while_loop(going, body, state), None
+
+
 # One jitted step a token, called from Python: inside a `lax.while_loop` the same step took 4.8 ms
-# longer on an H200 (7B, batch 1; benchmarks/results/decode_step_parts_b1_t64_whileloop_gpu.md), and the
-# loop's state copied the whole cache. The state is donated from step to step.
-_jitted_step = jax.jit(_step, static_argnames=("cfg", "implementation", "greedy", "norms", "return_logits"),
-                       donate_argnums=(2,))
+# longer on an H200 (7B, batch 1; benchmarks/results/decode_step_parts_b1_t64_whileloop_gpu.md: XLA ran the
+# loop's body kernel by kernel, not as a CUDA graph), and the loop's state copied the whole cache. The state
+# is donated from step to step. `_jitted_steps` (`steps_per_call` > 1) is that device loop again, the cache
+# outside its state, for benchmarks to time under XLA's options for graphs of loops.
+_STEP_STATICS = ("cfg", "implementation", "greedy", "norms", "return_logits")
+_jitted_step = jax.jit(_step, static_argnames=_STEP_STATICS, donate_argnums=(2,))
+_jitted_steps = jax.jit(_steps, static_argnames=(*_STEP_STATICS, "per_call"), donate_argnums=(2,))
 _EOS_CHECK_EVERY = 8  # steps between the flags "every request has ended" the host reads
 # Steps dispatched after a flag's before the host reads it: a read of the newest state would wait for the GPU to
 # finish every step it was sent, and it would idle while the host sent the next (session 28's profile).
@@ -260,13 +273,23 @@ class DecodeLoop:
 
   def __init__(self, static: dict, step=None):
     self.static = static
-    self._step = step or functools.partial(_jitted_step, **self.step_options)
+    self._step = step or functools.partial(self.jitted_step, **self.step_options)
+
+  @property
+  def per_call(self) -> int:
+    """Steps a call of the compiled step makes (a loop on the device where more than 1)."""
+    return self.static.get("steps_per_call", 1)
+
+  @property
+  def jitted_step(self):
+    return _jitted_step if self.per_call == 1 else _jitted_steps
 
   @property
   def step_options(self) -> dict:
     s = self.static
-    return {"cfg": s["cfg"], "implementation": s["implementation"], "greedy": s["greedy"], "norms": s["norms"],
-            "return_logits": s["return_logits"]}
+    options = {"cfg": s["cfg"], "implementation": s["implementation"], "greedy": s["greedy"], "norms": s["norms"],
+               "return_logits": s["return_logits"]}
+    return options if self.per_call == 1 else dict(options, per_call=self.per_call)
 
   def __call__(self, params, cache, first_logits, next_positions, eos_ids, key, temperature, top_p):
     steps, return_logits = self.static["steps"], self.static["return_logits"]
@@ -274,14 +297,17 @@ class DecodeLoop:
                          top_p, greedy=self.static["greedy"], steps=steps)
     logits = [first_logits]
     flags = [(0, _all_done(state.done))]  # (token, whether every request had ended by it), copied as they come
-    for i in range(1, steps):
+    i = 1  # the next token
+    while i < steps:
       if flags and i - 1 - flags[0][0] >= _EOS_CHECK_LAG and bool(flags.pop(0)[1]):
         break
       state, step_logits = self._step(params, cache, state, eos_ids, next_positions, temperature, top_p)
       if return_logits:
         logits.append(step_logits)
-      if i % _EOS_CHECK_EVERY == 0:
-        flags.append((i, _all_done(state.done)))
+      made = min(self.per_call, steps - i)
+      if (i + made - 1) // _EOS_CHECK_EVERY > (i - 1) // _EOS_CHECK_EVERY:
+        flags.append((i + made - 1, _all_done(state.done)))
+      i += made
     count = int(state.count)  # tokens up to the first that ended the last request (the loop may run past it)
     token_array = jnp.where(jnp.arange(steps) < count, state.tokens, 0)
     b, v = first_logits.shape
@@ -324,7 +350,8 @@ class DecodeCall(NamedTuple):
     args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                         (params, cache, state, eos_ids, next_positions, temperature, top_p))
     loop = DecodeLoop(self.static)
-    step = _jitted_step if donate_state else jax.jit(_step, static_argnames=tuple(loop.step_options))
+    undonated = lambda: jax.jit(_step if loop.per_call == 1 else _steps, static_argnames=tuple(loop.step_options))
+    step = loop.jitted_step if donate_state else undonated()
     compiled = step.lower(*args, **loop.step_options).compile(compiler_options=compiler_options)
     return DecodeLoop(self.static, step=compiled)
 
@@ -338,13 +365,20 @@ def _check_norms(norms: str, mesh) -> None:
 
 def decode_call(model: Model, cache, first_logits, next_positions, *, steps: int, eos_ids, attention: str = "xla",
                 norms: str = "xla", mesh=None, seed: int = 0, temperature: float = 0.0, top_p: float = 1.0,
-                return_logits: bool = False) -> DecodeCall:
-  """`steps` tokens a request from the cache, stopping early once every request has emitted one of `eos_ids`."""
+                return_logits: bool = False, steps_per_call: int = 1) -> DecodeCall:
+  """`steps` tokens a request from the cache, stopping early once every request has emitted one of `eos_ids`.
+
+  `steps_per_call` > 1 makes that many steps a call of the compiled step, in a loop on the device (for
+  benchmarks: with command buffers XLA's defaults leave out of loops, it ran slower than a call a step).
+  """
   _check_norms(norms, mesh)
+  if steps_per_call < 1 or (steps_per_call > 1 and return_logits):
+    raise ValueError(f"steps_per_call must be at least 1, and 1 with return_logits; got {steps_per_call}")
   arrays = (model.params["decoder"], cache, first_logits, next_positions, jnp.asarray(eos_ids),
             jax.random.PRNGKey(seed), jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p))
   static = {"cfg": model.config.text, "steps": steps, "implementation": _attention_for(attention, mesh),
-            "return_logits": return_logits, "greedy": temperature <= 0, "norms": norms}
+            "return_logits": return_logits, "greedy": temperature <= 0, "norms": norms,
+            "steps_per_call": steps_per_call}
   return DecodeCall(arrays, static)
 
 
