@@ -243,9 +243,9 @@ def time_loop(model, prefilled, job: Job, compiled, steps: int, repeats: int) ->
 
 
 def host_timed(loop: generation.DecodeLoop, spent: list) -> generation.DecodeLoop:
-  """`loop`, appending to `spent` the host's seconds in each step's call: a call returns once its step is
-  enqueued, so where they match the step's time the host, not the GPU, paces the loop (the GPU idles between
-  steps; session 28's profile found the idle time there, not between a step's launches)."""
+  """`loop`, appending to `spent` the host's seconds in each call of its compiled step (one step, or K): a call
+  returns once its work is enqueued, so where they match the GPU's time for it the host, not the GPU, paces the
+  loop (the GPU idles between calls; session 28's profile found the idle time there, not between launches)."""
   def timed(*args):
     start = time.perf_counter()
     out = loop.step(*args)

@@ -343,15 +343,14 @@ class DecodeCall(NamedTuple):
     every step new output buffers (benchmarks time what the donation saves).
     """
     params, cache, first_logits, next_positions, eos_ids, key, temperature, top_p = self.arrays
-    b = first_logits.shape[0]
-    scalar = jax.ShapeDtypeStruct((), jnp.int32)
-    state = LoopState((cache.rest_k, cache.rest_v, cache.rest_len), jax.ShapeDtypeStruct((b, self.static["steps"]),
-                      jnp.int32), scalar, jax.ShapeDtypeStruct((b,), jnp.bool_), scalar, key)
+    state = jax.eval_shape(functools.partial(_first_state, greedy=self.static["greedy"], steps=self.static["steps"]),
+                           first_logits, (cache.rest_k, cache.rest_v, cache.rest_len), eos_ids, key, temperature,
+                           top_p)
     args = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                         (params, cache, state, eos_ids, next_positions, temperature, top_p))
     loop = DecodeLoop(self.static)
-    undonated = lambda: jax.jit(_step if loop.per_call == 1 else _steps, static_argnames=tuple(loop.step_options))
-    step = loop.jitted_step if donate_state else undonated()
+    function = _step if loop.per_call == 1 else _steps
+    step = loop.jitted_step if donate_state else jax.jit(function, static_argnames=tuple(loop.step_options))
     compiled = step.lower(*args, **loop.step_options).compile(compiler_options=compiler_options)
     return DecodeLoop(self.static, step=compiled)
 
