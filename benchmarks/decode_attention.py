@@ -437,6 +437,7 @@ VARIANTS = {
     "mosaic_int2_wg4_lean": qd.MOSAIC_FOUR_WARPGROUPS_LEAN,  # permuted keys, copies by one warp (s27)
     "mosaic_int2_wg4_kivi": qd.MOSAIC_KIVI,  # that INT4 one, and KIVI's pools through the Mosaic kernel (s27)
     "mosaic_wg4_lean_all": qd.MOSAIC_LEAN_ALL,  # s28's kernel winners for INT2, INT4 and KIVI's pools
+    "mosaic_wg4_lean_folded": qd.MOSAIC_LEAN_FOLDED,  # that, the magic number folded into the minimums (s30)
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=tuple(mi.VARIANTS["deferred_values_first_block2"].items())),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)

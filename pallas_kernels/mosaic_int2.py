@@ -237,21 +237,55 @@ def _static_column_groups(codes) -> list[int]:
   return [col // 8 for col in columns]
 
 
-def _part_of(spread, constants, magic, i32, half2):
-  """One part of the two codes under `prmt`'s spread (i32) as f16x2: the part's bits kept by an AND (with the
-  magic exponents' OR, one LOP3: as an AND and an OR, ptxas kept two, s25's SASS), less the magic number
-  (`magic`, f16x2). `constants`: the part's (mask, exponent, _) from `part_constants`."""
+def _kept_bits(spread, mask, exponent, i32, half2):
+  """The bits `mask` of each half of `spread` (i32) under the exponent bits `exponent`, as f16x2: one AND, or
+  with an exponent one LOP3 (as an AND and an OR, ptxas kept two, s25's SASS)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax._src.lib.mlir.dialects import arith, llvm
 
-  mask, exponent, _ = constants
   const = lambda v: arith.constant(i32, v)
   if exponent:
     kept = llvm.inline_asm(i32, [spread, const(0x10001 * mask), const(0x10001 * exponent)],
                            "lop3.b32 $0, $1, $2, $3, 0xEA;", "=r,r,r,r")  # 0xEA: (a & b) | c
   else:
     kept = arith.andi(spread, const(0x10001 * mask))
-  return arith.subf(mgpu.utils.bitcast(kept, half2), magic)
+  return mgpu.utils.bitcast(kept, half2)
+
+
+def _part_of(spread, constants, magic, i32, half2):
+  """One part of the two codes under `prmt`'s spread (i32) as f16x2: the part's bits kept (`_kept_bits`), less
+  the magic number (`magic`, f16x2). `constants`: the part's (mask, exponent, _) from `part_constants`."""
+  from jax._src.lib.mlir.dialects import arith
+
+  mask, exponent, _ = constants
+  return arith.subf(_kept_bits(spread, mask, exponent, i32, half2), magic)
+
+
+class _FoldedParts:
+  """`folded_minimums`: a register path's parts as magic + code (`folded_part_constants`), to be dequantized by
+  one f16x2 fma with the scale and the folded minimum m - magic x scale (`minimum`): no subtraction a pair of
+  codes. `spread` (the two codes' bytes, each in the low byte of its half) is shifted once for the parts that
+  need it (`parts_of`)."""
+
+  def __init__(self, bits: int, i32, half2):
+    from jax.experimental.mosaic import gpu as mgpu
+    from jax._src.lib.mlir.dialects import arith
+    self.i32, self.half2 = i32, half2
+    self.constants = [folded_part_constants(p, bits) for p in range(8 // bits)]
+    self.shift = max(c[0] for c in self.constants)
+    self.negated_magic = [mgpu.utils.bitcast(arith.constant(i32, 0x10001 * _f16_bits(-c[3])), half2)
+                          for c in self.constants]
+
+  def minimum(self, scale, minimum, part):
+    """The folded minimum (f16x2) of a scale and minimum pair: minimum - magic x scale, one fma."""
+    return _fma_f16x2(scale, self.negated_magic[part], minimum, self.half2)
+
+  def parts_of(self, spread):
+    """spread (i32) -> each part's magic + code (f16x2), one LOP3 each, and one shift for them all."""
+    from jax._src.lib.mlir.dialects import arith
+    shifted = arith.shli(spread, arith.constant(self.i32, self.shift))
+    return [_kept_bits(shifted if shift else spread, mask, exponent, self.i32, self.half2)
+            for shift, mask, exponent, _ in self.constants]
 
 
 def _fma_f16x2(x, scale, minimum, half2):
@@ -411,7 +445,7 @@ def _register_offsets(shape):
     yield (idx, *divmod(sum(i * s for i, s in zip(idx, strides)), shape[1]))
 
 
-def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_order=False, bits=2):
+def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_order=False, bits=2, folded=False):
   """A step's values as the V wgmma's register operand: V^T f16 [128, 64] (WGMMA layout), row r channel
   `value_row_channels()[r]`, column t token t, from the codes [64, 32] (uint8, 32-byte swizzle) and the [2, H]
   scales and minimums. A thread holds byte column b = 8w + lane // 4 of 16 tokens (2 (lane % 4) + 8i and the
@@ -424,7 +458,10 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
 
   `bits=4`: codes [64, 64] (64-byte swizzle), byte j holding channels j and j + 64. The thread's rows are the
   same channels, b + 32 (2m + h): those of row half h are the two parts (m) of byte column b + 32h, so a token
-  takes two bytes, one a half."""
+  takes two bytes, one a half.
+
+  `folded` (`folded_minimums`): the parts as magic + code (`_FoldedParts`), each (window, channel)'s minimum
+  folded once (8 fmas a thread a step), no subtraction a register (32)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -468,30 +505,45 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
       offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(row_bytes - 16)))
       return llvm.inline_asm(i32, [arith.addi(base, offset)], "ld.shared.u8 $0, [$1];", "=r,r",
                              has_side_effects=True)  # not moved above the TMA's barrier wait
+    folding = _FoldedParts(bits, i32, half2) if folded else None
+    folded_minimums = {}  # (window, group) -> its folded minimum, f16x2
+
+    def minimum(window, group, part):
+      if not folded:
+        return broadcast(1, window, group)
+      if (window, group) not in folded_minimums:
+        folded_minimums[window, group] = folding.minimum(broadcast(0, window, group), broadcast(1, window, group),
+                                                         part)
+      return folded_minimums[window, group]
     spread = {}  # (token offset, byte offset) -> the two tokens' bytes, each in the low byte of its half
     registers = np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object)
     for idx, row, token in _register_offsets(shape):
       group, window = 2 * (row // STEP) + (row % STEP) // 8, token // WINDOW  # channel column + 32 group
       byte_offset, part = value_row_byte(group, bits)
       if (token, byte_offset) not in spread:
-        spread[token, byte_offset] = llvm.inline_asm(
+        pair = llvm.inline_asm(
             i32, [code_byte(token, byte_offset), code_byte(token + 1, byte_offset)], "prmt.b32 $0, $1, $2, 0x5410;",
             "=r,r,r")
-      x = _part_of(spread[token, byte_offset], constants[part], magic[part], i32, half2)
-      registers[idx] = _fma_f16x2(x, broadcast(0, window, group), broadcast(1, window, group), half2)
+        spread[token, byte_offset] = folding.parts_of(pair) if folded else pair
+      if folded:
+        x = spread[token, byte_offset][part]
+      else:
+        x = _part_of(spread[token, byte_offset], constants[part], magic[part], i32, half2)
+      registers[idx] = _fma_f16x2(x, broadcast(0, window, group), minimum(window, group, part), half2)
     return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
-def _keys_by_thread(codes_ref, scale_ref, minimum_ref):
+def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False):
   """`permuted_keys`: a step's keys as the score wgmma's 4 register operands (f16 [64, 32] a part, WGMMA layout),
   column 8g + 2l + e of part p being channel 32p + 8l + 2g + e (`thread_order`'s permutation; q^T's rows are
   permuted alike, so the scores are the same sums). A thread (l = lane % 4) then needs code bytes 8l..8l+7 of
   each of its two token rows, one 8-byte load a row (where the WGMMA layout's loads of a pair took 4), and of each
   part the scale and minimum pairs of channels 32p + 8l .. + 7, one 16-byte load each (where pair loads took 4):
   30 loads a thread and step fewer. Each register: a `prmt` of two bytes, then per part the magic exponents' LOP3,
-  the subtraction and one f16x2 fma (magic exponents, INT2)."""
+  the subtraction and one f16x2 fma (magic exponents, INT2). `folded` (`folded_minimums`): the parts as magic +
+  code (`_FoldedParts`), the 16 minimum pairs folded (16 fmas a thread a step), no subtraction a register (32)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -525,15 +577,19 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref):
                  for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32)] for ref in (scales, minimums)]
     constants = [part_constants(p, True) for p in range(4)]
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
+    if folded:
+      folding = _FoldedParts(2, i32, half2)
+      metadata[1] = [folding.minimum(s, m, i // 4) for i, (s, m) in enumerate(zip(*metadata))]
     registers = [np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object) for _ in range(4)]
     for idx, row_offset, column in _register_offsets(shape):
       g = column // 8  # bytes 2g, 2g + 1 of the thread's 8: word g // 2, its bytes (2g % 4, + 1)
       first = 2 * g % 4
       spread = llvm.inline_asm(i32, [rows[row_offset][g // 2]],
                                f"prmt.b32 $0, $1, 0, 0x{0x4040 | (first + 1) << 8 | first:x};", "=r,r")
+      parts = folding.parts_of(spread) if folded else [
+          _part_of(spread, constants[part], magic[part], i32, half2) for part in range(4)]
       for part in range(4):
-        x = _part_of(spread, constants[part], magic[part], i32, half2)
-        registers[part][idx] = _fma_f16x2(x, metadata[0][4 * part + g], metadata[1][4 * part + g], half2)
+        registers[part][idx] = _fma_f16x2(parts[part], metadata[0][4 * part + g], metadata[1][4 * part + g], half2)
     return tuple(mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None) for r in registers)
 
   return unpack(codes_ref, scale_ref, minimum_ref)
@@ -658,6 +714,19 @@ def part_constants(part: int, magic_exponents: bool, bits: int = 2) -> tuple[int
   return 0xFF00 | ((1 << bits) - 1) << bits * part, 0, 0x6400
 
 
+def folded_part_constants(part: int, bits: int = 2) -> tuple[int, int, int, float]:
+  """`folded_minimums`: (shift, mask, exponent bits, magic) of part p of a byte in the low byte of an f16 half.
+  Shifted left by `shift`, the part's bits sit at mantissa bits q >= 4 under the exponent of 2^(10 - q), so the
+  half is magic + code exactly, magic = 2^(10 - q). Then x = code x s + m = half x s + (m - magic x s): the
+  folded minimum, rounded to f16 once a window, is off by at most (|m| + magic s) 2^-11, at most s / 32 beyond
+  the minimum's own rounding where magic <= 64 (bits below 4 would make it s / 2). INT2 shifts parts 0 and 1 by
+  6 (q = 6, 8), INT4 part 0 by 4 (q = 4), one shift a register."""
+  shift = (6 if part < 2 else 0) if bits == 2 else (4 if part == 0 else 0)
+  q = bits * part + shift
+  assert 4 <= q <= 10 - bits, (part, bits, q)
+  return shift, (1 << bits) - 1 << q, (25 - q) << 10, 2.0 ** (10 - q)
+
+
 def _f16_bits(x: float) -> int:
   return int(np.array(x, np.float16).view(np.uint16))
 
@@ -671,7 +740,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 values_scaled_after: bool = False, in_place_values: bool = False, ldmatrix_metadata: bool = False,
                 metadata_in_thread_order: bool = False, values_in_registers: bool = False,
                 fetch_by_one_warp: bool = False, permuted_keys: bool = False, values_per_token: bool = False,
-                max_windows: int | None = None, range_params=None):
+                folded_minimums: bool = False, max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -745,7 +814,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   v_scale and v_min are [N, T, 4] f16, a scale and minimum per token and group of 32 channels, copied a step as
   [32, 8] (token pairs: TMA moves rows of 16 bytes or more); each thread loads one f16 of each a (row, group),
   16 loads a step where the window's pairs took 32; the values go through shared memory (not with
-  `values_in_registers`; untimed, s27).
+  `values_in_registers`; untimed, s27). `folded_minimums` (with `permuted_keys` or `values_in_registers`):
+  in those register paths each part's bits are shifted to mantissa bits >= 4 (`folded_part_constants`) and the
+  magic number is folded into the minimum once a window and channel pair (m - magic x s, one f16x2 fma), so a
+  pair of codes takes a LOP3 and an fma, no subtraction: 64 subtractions a thread and step for 24 fmas and 16
+  shifts (untimed; the folded minimum's f16 rounding adds at most s / 32 a window and channel).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -778,6 +851,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if permuted_keys and not (dequantize_keys and magic_exponents and bits == 2 and not metadata_in_thread_order
                             and not ldmatrix_metadata):
     raise ValueError("permuted_keys: INT2 with dequantize_keys and magic_exponents, the metadata in channel order")
+  if folded_minimums and not (permuted_keys or values_in_registers):
+    raise ValueError("folded_minimums: the register paths', with permuted_keys or values_in_registers")
   if values_per_token:
     if v_scale.shape != (n, tokens, HEAD_DIM // 32) or v_min.shape != v_scale.shape:
       raise ValueError(f"values_per_token: v_scale and v_min [N, T, {HEAD_DIM // 32}] (a token's groups of 32 "
@@ -964,7 +1039,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
     def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
       if keys_by_thread:
-        return _keys_by_thread(kc_s, ks_s, km_s)
+        return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums)
       if fast:
         return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma,
                                magic_exponents=magic, bits=bits, ldmatrix_metadata=ldmatrix_metadata,
@@ -1032,7 +1107,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           for part in range(parts):
             plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(width * part, width)])
         if overlap_values and transposed_values:
-          values_t = _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits)
+          values_t = _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits, folded_minimums)
         elif overlap_values:
           dequantize_values(vc_s, vs_s, vm_s, v_s)  # while the tensor cores work on the scores
         plgpu.wgmma_wait(0)  # with `defer`, also the previous step's V wgmma
@@ -1045,7 +1120,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       else:
         s, values_t = pl.run_scoped(scores, accumulator)
       if transposed_values and values_t is None:  # after the score wgmma: the keys' registers are free
-        values_t = _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits)
+        values_t = _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits, folded_minimums)
       v_operand = values_t if transposed_values else v_s.transpose((1, 0))
       if dequantize_keys:  # kb_s holds the minimums, already in the keys; a range masks past its count
         past = first_window + 2 * index  # the step's first window, from the range's start
@@ -1419,6 +1494,12 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # (untimed; the caller's metadata must be in that order)
     "wg4_large_batch_ftz_vregs_thread_order": dict(_LARGE_BATCH, values_in_registers=True,
                                                    metadata_in_thread_order=True),
+    # the lean kernel (s28's INT2 winner), its minimums folded: no subtraction a pair of codes (untimed)
+    "wg4_large_batch_ftz_lean_folded": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
+                                            fetch_by_one_warp=True, folded_minimums=True),
+    # INT4's kernel (V^T, copies by one warp; no permuted keys), its values folded alike
+    "wg4_large_batch_ftz_vregs_one_warp_fetch_folded": dict(_LARGE_BATCH, values_in_registers=True,
+                                                            fetch_by_one_warp=True, folded_minimums=True),
     # s25's kernel with KIVI's values (a scale and minimum a token and group of 32 channels; through shared memory:
     # `values_per_token`; untimed, s27): what serves kivi2 and kivi4 at large batches
     "wg4_large_batch_ftz_kivi": dict(_LARGE_BATCH, values_per_token=True),
@@ -1426,6 +1507,10 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "wg4_large_batch_ftz_kivi_one_warp_fetch": dict(_LARGE_BATCH, values_per_token=True, fetch_by_one_warp=True),
     "wg4_large_batch_ftz_kivi_lean": dict(_LARGE_BATCH, values_per_token=True, permuted_keys=True,
                                           fetch_by_one_warp=True),
+    # that, its permuted keys folded: ptxas spills 4 bytes and the main loop stays at 593 SASS offline (s30), so
+    # KIVI's pools take no folded minimums (`quantized_decode.pool_options`)
+    "wg4_large_batch_ftz_kivi_lean_folded": dict(_LARGE_BATCH, values_per_token=True, permuted_keys=True,
+                                                 fetch_by_one_warp=True, folded_minimums=True),
     # s25's kernel with three pipeline slots where two were (another 24 KB a CTA: 208 KB; no faster, s26)
     "wg4_large_batch_ftz_s3": dict(_LARGE_BATCH, stages=3),
     # s25's kernel with the scales and minimums in `thread_order`: a part's 4 pairs by one 16-byte load (no

@@ -275,6 +275,11 @@ MOSAIC_KIVI = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, kivi_mosaic
 # through the Mosaic kernel (278.0 against Triton's 547.1 without the two cuts; `mosaic_*_s28_h200.md`).
 # `pool_options` keeps `permuted_keys` to INT2 pools.
 MOSAIC_LEAN_ALL = dataclasses.replace(MOSAIC_KIVI, mosaic_options=MOSAIC_FOUR_WARPGROUPS_LEAN.mosaic_options)
+# That with the magic number folded into the minimums in the register paths (`folded_minimums`: the INT2 keys and
+# values, INT4's values, not KIVI's pools; "pallas:mosaic_wg4_lean_folded"; untimed, s30: 536 SASS in the INT2
+# main loop offline against 561, INT4 623 against 631, `mosaic_sass_s30_folded*.md`).
+MOSAIC_LEAN_FOLDED = dataclasses.replace(
+    MOSAIC_LEAN_ALL, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded"].items()))
 # What the default runs for large launches (`for_launch`): that (since session 28: the 7B step at 32 x 100 8.52
 # ms against 8.81 for windowquant, rtn4 9.06 against 10.13, kivi2 9.04 against 12.94, kivi4 9.58 against 10.32,
 # `decode_throughput_*_s28_lean_all_gpu.md`), with the launches' partials merged in one Pallas launch
@@ -854,10 +859,14 @@ def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int, b
 
 def pool_options(options: dict, bits: int, kivi: bool) -> dict:
   """A configuration's `mosaic_int2` options as a pool of `bits` (and, with `kivi`, KIVI's values) takes them:
-  `permuted_keys` is INT2's, so an INT4 pool goes without it."""
+  `permuted_keys` is INT2's, so an INT4 pool goes without it; `folded_minimums` is the register paths' for
+  windows' values and keys, and KIVI's pools go without it (their values are not in registers, and folding the
+  keys alone made ptxas spill: 593 SASS in the main loop either way, offline, s30)."""
   options = kivi_options(options) if kivi else dict(options)
   if bits != 2:
     options["permuted_keys"] = False
+  if kivi:
+    options["folded_minimums"] = False
   return options
 
 

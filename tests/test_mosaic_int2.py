@@ -172,7 +172,8 @@ def test_splits_and_window_parities_merge(interpret):
                                          "wg4_large_batch_ftz_block2", "wg4_large_batch_ftz_thread_order",
                                          "wg4_large_batch_ftz_s3", "wg4_large_batch_ftz_vregs",
                                          "wg4_large_batch_ftz_vregs_one_warp_fetch",
-                                         "wg4_large_batch_ftz_vregs_permuted_keys")),
+                                         "wg4_large_batch_ftz_vregs_permuted_keys",
+                                         "wg4_large_batch_ftz_lean_folded")),
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
                                           values_in_registers=True),
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
@@ -329,6 +330,8 @@ def test_values_in_registers_match(interpret):
     mi.attend(*case, splits=2, interpret=interpret, options=(("permuted_keys", True),))
   with pytest.raises(ValueError, match="fetch_by_one_warp"):
     mi.attend(*case, splits=2, interpret=interpret, options=(("fetch_by_one_warp", True),))
+  with pytest.raises(ValueError, match="folded_minimums"):  # the register paths' (device-checked, s30)
+    mi.attend(*case, splits=2, interpret=interpret, options=(("folded_minimums", True),))
   int4 = random_case(7, 2, 256, 7, bits=4)  # INT4 takes the option since s27 (not permuted keys)
   out = np.asarray(mi.attend(*int4, splits=2, interpret=interpret, options=tuple(options.items())))
   np.testing.assert_allclose(out, mi.reference(*int4), atol=2e-3, rtol=0)
@@ -347,6 +350,32 @@ def test_unpacking_constants(magic_exponents, bits):
     value = half.view(np.float16).astype(np.float64) - np.array(magic, np.uint16).view(np.float16)
     code = (byte >> (bits * part)) & ((1 << bits) - 1)
     np.testing.assert_array_equal(value, code * (1 if magic_exponents else (1 << bits) ** part))
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_folded_unpacking_constants(bits):
+  """`folded_minimums`' arithmetic, emulated bit for bit in numpy for every byte: the shift, the part's AND and
+  OR give magic + c exactly, and one f16 fma with the scale and the folded minimum (m - magic s, rounded to f16
+  once) gives c s + m within the folded minimum's rounding, at most s / 32 (f16 fmas: exact in float64, then
+  rounded once)."""
+  byte = np.arange(256, dtype=np.uint32)
+  rng = np.random.default_rng(0)
+  scale = rng.uniform(1e-3, 1.0, 64).astype(np.float16).astype(np.float64)
+  minimum = rng.uniform(-4.0, 4.0, 64).astype(np.float16).astype(np.float64)
+  f16 = lambda x: np.asarray(x, np.float64).astype(np.float16).astype(np.float64)
+  for part in range(8 // bits):
+    shift, mask, exponent, magic = mi.folded_part_constants(part, bits)
+    assert magic <= 64
+    half = ((byte << shift) & mask | exponent).astype(np.uint16)
+    value = half.view(np.float16).astype(np.float64)
+    code = (byte >> (bits * part)) & ((1 << bits) - 1)
+    np.testing.assert_array_equal(value, magic + code)
+    folded = f16(minimum - magic * scale)  # once a window and channel
+    x = f16(value[:, None] * scale + folded)  # a code's fma
+    exact = code[:, None] * scale + minimum
+    bound = (np.abs(folded) + np.abs(exact)) * 2.0 ** -11 + 1e-7
+    assert np.all(np.abs(x - exact) <= bound), part
+    assert np.all(np.abs(folded - (minimum - magic * scale)) <= scale / 32 + np.abs(minimum) * 2.0 ** -11)
 
 
 def test_bad_shapes_are_refused():

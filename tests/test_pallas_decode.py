@@ -173,7 +173,8 @@ def test_large_launches_take_the_mosaic_kernel():
 
 def test_pool_options_keep_permuted_keys_to_int2():
   """MOSAIC_LEAN_ALL's options as each pool takes them: INT2 keeps the permuted keys, INT4 goes without them (the
-  kernel refuses them there), KIVI's values go through shared memory; the copies by one warp stay for all."""
+  kernel refuses them there), KIVI's values go through shared memory; the copies by one warp stay for all.
+  MOSAIC_LEAN_FOLDED's folded minimums stay off KIVI's pools."""
   lean = dict(qd.MOSAIC_LEAN_ALL.mosaic_options)
   assert lean["permuted_keys"] and lean["fetch_by_one_warp"] and lean["values_in_registers"]
   assert qd.pool_options(lean, 2, kivi=False) == lean
@@ -183,6 +184,10 @@ def test_pool_options_keep_permuted_keys_to_int2():
   assert kivi4["values_per_token"] and not kivi4["values_in_registers"] and not kivi4["permuted_keys"]
   assert qd.pool_options(lean, 2, kivi=True)["permuted_keys"]
   assert lean == dict(qd.MOSAIC_LEAN_ALL.mosaic_options)  # the configuration's own options untouched
+  folded = dict(qd.MOSAIC_LEAN_FOLDED.mosaic_options)  # the folded minimums: windows' pools, not KIVI's
+  assert qd.pool_options(folded, 2, kivi=False)["folded_minimums"]
+  assert qd.pool_options(folded, 4, kivi=False)["folded_minimums"]  # INT4's values in registers
+  assert not any(qd.pool_options(folded, bits, kivi=True)["folded_minimums"] for bits in (2, 4))
 
 
 def test_registered_as_pallas_on_a_bf16_cache():
