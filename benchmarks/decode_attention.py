@@ -94,12 +94,17 @@ def copies(make, nbytes: int, inner: int):
 # ----------------------------------------------------------------------------- timing
 
 
+# XLA options every timed call is compiled with (`--compiler-options`): e.g. no command buffers, so that the host
+# launches each kernel where XLA would update a CUDA graph's commands for each dispatch's new output buffers.
+COMPILER_OPTIONS: dict = {}
+
+
 def compile_calls(fn, inputs, queries):
   """fn(q, *inputs[i]) for each of the queries, in one compiled jit; and the seconds it took to compile."""
   inner = len(queries)
   many = jax.jit(lambda ins, qs: [fn(qs[i], *ins[i % len(ins)]) for i in range(inner)])
   t0 = time.perf_counter()
-  compiled = many.lower(inputs, queries).compile()
+  compiled = many.lower(inputs, queries).compile(COMPILER_OPTIONS or None)
   return compiled, time.perf_counter() - t0
 
 
@@ -438,6 +443,7 @@ VARIANTS = {
     "mosaic_int2_wg4_kivi": qd.MOSAIC_KIVI,  # that INT4 one, and KIVI's pools through the Mosaic kernel (s27)
     "mosaic_wg4_lean_all": qd.MOSAIC_LEAN_ALL,  # s28's kernel winners for INT2, INT4 and KIVI's pools
     "mosaic_wg4_lean_folded": qd.MOSAIC_LEAN_FOLDED,  # that, the magic number folded into the minimums (s30)
+    "mosaic_wg4_lean_int4_keys": qd.MOSAIC_LEAN_INT4_KEYS,  # that, and INT4 pools' keys permuted (s30)
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=tuple(mi.VARIANTS["deferred_values_first_block2"].items())),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)
@@ -474,6 +480,8 @@ def markdown(report) -> str:
            "the other pools through the Triton one",
            "- copy bandwidth (bytes read + written): " + ", ".join(
                f"{k} {v:.2f} TB/s" for k, v in report["copy"].items() if k.endswith("TBps")),
+           *([f"- XLA options of every timed call: `{json.dumps(report['compiler_options'])}`"]
+             if report.get("compiler_options") else []),
            "- bytes: `KVCache.nbytes` of a single-layer cache (codes + f16 scales/minimums + bf16 windows + rest)",
            "- vs cudnn: cudnn time on an all-FP16 [B,T,K,H] cache of the same tokens / pallas time; "
            "byte ratio: those FP16 bytes / the plan's bytes", "",
@@ -492,12 +500,15 @@ def markdown(report) -> str:
         + (f"{xla * 1e6:.1f} | {xla / r['pallas_s']:.1f}" if xla else "- | -") + " |")
   if report.get("variants"):
     name = report.get("sweep_config", {}).get("name")
-    lines += ["", f"## Tuning variants (batch 8, 32k tokens; the sweep above used the fastest: {name})", "",
-              "| variant | plan | splits | pallas µs | TB/s | err vs xla | compile s |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    first = next(iter(report["variants"].values()))
+    shape = f"batch {first.get('batch', 8)}, {first.get('tokens', 32768) // 1024}k tokens"
+    lines += ["", f"## Tuning variants ({shape}; the sweep above used the fastest: {name})", "",
+              "| variant | plan | splits | pallas µs | TB/s | GPU µs | err vs xla | compile s |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in report["variants"].items():
+      gpu = f"{r['pallas_gpu_s'] * 1e6:.1f}" if r.get("pallas_gpu_s") else "-"
       lines.append(f"| {name} | {r['plan']} | {r.get('splits', '-')} | {r['pallas_s'] * 1e6:.1f} | "
-                   f"{r['pallas_TBps']:.2f} | {r.get('pallas_vs_xla_rel_err', float('nan')):.1e} | "
+                   f"{r['pallas_TBps']:.2f} | {gpu} | {r.get('pallas_vs_xla_rel_err', float('nan')):.1e} | "
                    f"{r['pallas_compile_s']:.1f} |")
   for b in report.get("breakdown", []):
     lines += ["", f"## Parts of a call: batch {b['batch']}, {b['tokens']} tokens, plan {b['plan']} "
@@ -557,7 +568,8 @@ def main(argv=None):
   ap.add_argument("--batches", default="1,8,60")
   ap.add_argument("--tokens", default="1024,8192,32768,131072")
   ap.add_argument("--plans", default="fp16,mix,int2")
-  ap.add_argument("--variants", default="", help="comma list of VARIANTS to time at batch 8, 32k tokens")
+  ap.add_argument("--variants", default="", help="comma list of VARIANTS to time at --variant-shape")
+  ap.add_argument("--variant-shape", default="8,32768", help="'batch,tokens' the variants are timed at")
   ap.add_argument("--variant-plans", default="mix", help="plans each variant is timed on (the first picks the best)")
   ap.add_argument("--check", action="store_true", help="run the correctness checks")
   ap.add_argument("--gpu-time", action="store_true", help="profile each sweep row's call: its kernels' GPU time")
@@ -565,14 +577,18 @@ def main(argv=None):
   ap.add_argument("--breakdown", action="store_true", help="time the parts of a batch-1 call at 1k tokens")
   ap.add_argument("--phases", default="", help="'batch,tokens;...': a program a phase against phases in turn")
   ap.add_argument("--budget-s", type=float, default=1e9, help="stop the sweep after this many seconds")
+  ap.add_argument("--compiler-options", type=json.loads, default={},
+                  help='XLA options of every timed call, as JSON: \'{"xla_gpu_enable_command_buffer": ""}\'')
   ap.add_argument("--out", default="benchmarks/results")
   ap.add_argument("--tag", default="decode_attention")
   args = ap.parse_args(argv)
+  COMPILER_OPTIONS.update(args.compiler_options)
   start = time.time()
   device = jax.devices()[0]
   report = dict(command="PYTHONPATH=. python " + " ".join(sys.argv),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=f"{device.device_kind} ({device.platform})", jax=jax.__version__, host=platform.node(),
+                compiler_options=args.compiler_options,
                 results=[], variants={}, checks=[], skipped=[], breakdown=[], phases=[])
   report["copy"] = copy_bandwidth() if device.platform == "gpu" else {"jnp_elementwise_TBps": float("nan")}
   print("copy", report["copy"], flush=True)
@@ -597,13 +613,14 @@ def main(argv=None):
     save()
   best = None
   variant_plans = args.variant_plans.split(",")
+  variant_batch, variant_tokens = map(int, args.variant_shape.split(","))
   for name in filter(None, args.variants.split(",")):
     config = VARIANTS[name]
     for plan in variant_plans:
       label = name if plan == variant_plans[0] else f"{name}+{plan}"
       try:
-        r = report["variants"][label] = measure(8, 32768, plan, key=key, config=config,
-                                                with_xla=plan == variant_plans[0])
+        r = report["variants"][label] = measure(variant_batch, variant_tokens, plan, key=key, config=config,
+                                                with_xla=plan == variant_plans[0], gpu_time=args.gpu_time)
         print(f"variant {label}: {r['pallas_s'] * 1e6:.1f} us {r['pallas_TBps']:.2f} TB/s (compile "
               f"{r['pallas_compile_s']:.1f} s, err vs xla {r.get('pallas_vs_xla_rel_err', float('nan')):.1e})",
               flush=True)
@@ -618,7 +635,8 @@ def main(argv=None):
   report["sweep_config"] = dict(name=best or "default", **dataclasses.asdict(config or qd.DecodeConfig()))
   if best:
     for plan in [p for p in ("int2", "kivi2") if p not in variant_plans]:
-      r = report["variants"][f"{best}+{plan}"] = measure(8, 32768, plan, key=key, config=config, with_xla=False)
+      r = report["variants"][f"{best}+{plan}"] = measure(variant_batch, variant_tokens, plan, key=key, config=config,
+                                                         with_xla=False)
       print(f"variant {best} on plan {plan}: {r['pallas_s'] * 1e6:.1f} us", flush=True)
   if not args.no_sweep:
     cudnn = {}

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
-# Session 30's device plan for the folded minimums (`folded_minimums`, `results/decode_attention_notes.md`,
-# "Session 30"): the lean kernels against themselves folded, each variant checked against float64 before it is
-# timed, the Triton kernel beside them. One part a device call (each < 10 min), results under $OUT:
+# Session 30's device plan for the kernels written then (`results/decode_attention_notes.md`, "Session 30"): the
+# magic number folded into the minimums (`folded_minimums`) and INT4's keys permuted (`permuted_keys` at 4 bits),
+# against the lean kernels, each variant checked against float64 before it is timed, the Triton kernel beside
+# them. One part a device call (each < 10 min), results under $OUT:
 #   bash benchmarks/kernel_experiments.sh kernels   # INT2 and INT4 pools at batch 32 and 60 x 19,968 tokens
-#   bash benchmarks/kernel_experiments.sh step      # the 7B step at 32 x 100: the default (lean_all) against folded
+#   bash benchmarks/kernel_experiments.sh mix       # issue 5's batch 60 x 32k, mixed and INT2 plans: the default,
+#                                                   # folded, folded with INT4's keys permuted (GPU time too),
+#                                                   # then again without command buffers
+#   bash benchmarks/kernel_experiments.sh step      # the 7B step at 32 x 100: the same three
 set -euo pipefail
 out=${OUT:-benchmarks/results}
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
@@ -12,10 +16,17 @@ case "${1:-}" in
     bench --batches 32 60 --variants wg4_large_batch_ftz_vregs_permuted_keys_one_warp_fetch \
       wg4_large_batch_ftz_lean_folded --tag mosaic_int2_s30_folded
     bench --bits 4 --batches 32 60 --variants wg4_large_batch_ftz_vregs_one_warp_fetch \
-      wg4_large_batch_ftz_vregs_one_warp_fetch_folded --tag mosaic_int4_s30_folded ;;
+      wg4_large_batch_ftz_vregs_one_warp_fetch_folded wg4_large_batch_ftz_int4_lean \
+      wg4_large_batch_ftz_int4_lean_folded --tag mosaic_int4_s30 ;;
+  mix)
+    variants() { python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
+                   --variants default,mosaic_wg4_lean_folded,mosaic_wg4_lean_int4_keys --out "$out" "$@"; }
+    variants --gpu-time --tag s30_b60_variants
+    # the same without command buffers: is the clock's ~120 µs a call over GPU time (s28) XLA updating a graph?
+    variants --compiler-options '{"xla_gpu_enable_command_buffer": ""}' --tag s30_b60_variants_nographs ;;
   step)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_wg4_lean_folded \
-      --methods windowquant fp16 rtn2 rtn4 kivi2 --out "$out" --budget-s 420 --tag s30_folded ;;
-  *) echo "usage: $0 kernels|step" >&2; exit 2 ;;
+      --attention pallas pallas:mosaic_wg4_lean_folded pallas:mosaic_wg4_lean_int4_keys \
+      --methods windowquant fp16 rtn4 rtn2 --out "$out" --budget-s 480 --tag s30_kernels ;;
+  *) echo "usage: $0 kernels|mix|step" >&2; exit 2 ;;
 esac

@@ -207,6 +207,18 @@ def thread_order(x, axis: int = -1):
   return blocks.swapaxes(axis + 1, axis + 2).reshape(shape)
 
 
+def key_order(x, bits: int = 2, axis: int = -1):
+  """q's channels in the order of `permuted_keys`' key columns: column 8g + 2l + e of part p (W = H bits / 8
+  channels a part; g < W / 8 the column group, l = lane % 4, e the pair's half) holds channel W p + (W / 4) l +
+  2g + e, so that a thread's W / 4 channels of a part are contiguous in a token's code bytes (byte j of a row
+  holds channels j + W p) and in a window's scales and minimums. For INT2 this is `thread_order` (the 4 x 4
+  blocks of pairs make it its own inverse); INT4's 4 x 8 blocks do not."""
+  axis = axis % x.ndim
+  shape, width = x.shape, HEAD_DIM * bits // 8
+  blocks = x.reshape(*shape[:axis], HEAD_DIM // width, 4, width // 8, 2, *shape[axis + 1:])
+  return blocks.swapaxes(axis + 1, axis + 2).reshape(shape)
+
+
 def _metadata_in_thread_order(ref, window, part, lane_pair, i32):
   """The 16 bytes at f16 32 part + 8 (lane % 4) of row `window` of a [2, H] f16 ref, as 4 pairs (i32 registers):
   in `thread_order`, the 4 pairs of `part` the thread needs (its column groups g = 0..3, channels 32 part + 8g +
@@ -224,6 +236,29 @@ def _metadata_in_thread_order(ref, window, part, lane_pair, i32):
   loaded = llvm.inline_asm(quad, [address], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
                            has_side_effects=True)  # not moved above the TMA's barrier wait
   return [llvm.extractvalue(i32, loaded, [i]) for i in range(4)]
+
+
+def _thread_channels_metadata(ref, window, part, lane_pair, i32, bits):
+  """`permuted_keys`: a window's scales or minimums ([2, H] f16 ref) of channels W part + (W / 4) (lane % 4) ..
+  + W / 4 - 1 (W = H bits / 8), as W / 8 pairs (i32): one 16-byte load for INT2's 8 channels, two for INT4's
+  16."""
+  if bits == 2:
+    return _metadata_in_thread_order(ref, window, part, lane_pair, i32)
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm
+
+  c = lambda v: arith.constant(i32, v)
+  width = HEAD_DIM * bits // 8
+  address = arith.addi(llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref)), arith.muli(window, c(2 * HEAD_DIM)))
+  address = arith.addi(arith.addi(address, c(2 * width * part)), arith.muli(lane_pair, c(width // 2)))
+  quad = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
+  pairs = []
+  for chunk in range(width // 32):
+    loaded = llvm.inline_asm(quad, [arith.addi(address, c(16 * chunk))], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
+                             "=r,=r,=r,=r,r", has_side_effects=True)  # not moved above the TMA's barrier wait
+    pairs += [llvm.extractvalue(i32, loaded, [i]) for i in range(4)]
+  return pairs
 
 
 def _static_column_groups(codes) -> list[int]:
@@ -535,25 +570,28 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
-def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False):
-  """`permuted_keys`: a step's keys as the score wgmma's 4 register operands (f16 [64, 32] a part, WGMMA layout),
-  column 8g + 2l + e of part p being channel 32p + 8l + 2g + e (`thread_order`'s permutation; q^T's rows are
-  permuted alike, so the scores are the same sums). A thread (l = lane % 4) then needs code bytes 8l..8l+7 of
-  each of its two token rows, one 8-byte load a row (where the WGMMA layout's loads of a pair took 4), and of each
-  part the scale and minimum pairs of channels 32p + 8l .. + 7, one 16-byte load each (where pair loads took 4):
-  30 loads a thread and step fewer. Each register: a `prmt` of two bytes, then per part the magic exponents' LOP3,
-  the subtraction and one f16x2 fma (magic exponents, INT2). `folded` (`folded_minimums`): the parts as magic +
-  code (`_FoldedParts`), the 16 minimum pairs folded (16 fmas a thread a step), no subtraction a register (32)."""
+def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
+  """`permuted_keys`: a step's keys as the score wgmma's register operands (f16 [64, W] a part, W = H bits / 8:
+  INT2's 4 parts of 32 channels, INT4's 2 of 64; WGMMA layout), column 8g + 2l + e of part p being channel W p +
+  (W / 4) l + 2g + e (`key_order`; q^T's rows are permuted alike, so the scores are the same sums). A thread
+  (l = lane % 4) then needs code bytes (W / 4) l .. + W / 4 - 1 of each of its two token rows, one 8-byte (INT2)
+  or 16-byte (INT4) load a row where the WGMMA layout's loads of a pair took 4 (8), and of each part the scale
+  and minimum pairs of those channels, 16-byte loads (`_thread_channels_metadata`) where pair loads took 4 (8):
+  INT2 30 loads a thread and step fewer, INT4 84. Each register: a `prmt` of two bytes, then per part the magic
+  exponents' LOP3, the subtraction and one f16x2 fma. `folded` (`folded_minimums`): the parts as magic + code
+  (`_FoldedParts`), the minimum pairs folded (16 fmas a thread a step), no subtraction a register (32)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm
 
-  shape, layout = (STEP, HEAD_DIM // 4), plgpu.Layout.WGMMA
-  codes_type = plgpu.RefType((plgpu.TilingTransform((8, HEAD_DIM // 4)), plgpu.SwizzleTransform(HEAD_DIM // 4)))
+  width, parts = HEAD_DIM * bits // 8, 8 // bits  # a part's channels = a row's code bytes
+  groups, words = width // 8, width // 16  # a thread's column groups (pairs of bytes) and words of a row
+  shape, layout = (STEP, width), plgpu.Layout.WGMMA
+  codes_type = plgpu.RefType((plgpu.TilingTransform((8, width)), plgpu.SwizzleTransform(width)))
   part_type = plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=layout)
 
-  @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()), return_type=(part_type,) * 4)
+  @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()), return_type=(part_type,) * parts)
   def unpack(ctx, codes, scales, minimums):
     del ctx
     i32 = ir.IntegerType.get_signless(32)
@@ -564,32 +602,37 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False):
     lane_pair = arith.andi(thread, c(3))
     window = arith.shrui(row, c(5))  # both of its rows (row, row + 8) lie in one window
     base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
-    two_words = ir.Type.parse("!llvm.struct<(i32, i32)>")
+    row_words = ir.Type.parse(f"!llvm.struct<({', '.join(['i32'] * words)})>")
+    vector = f"v{words}"
+    targets = ", ".join(f"${k}" for k in range(words))
 
-    def code_bytes(token):  # bytes 8l .. 8l + 7 of a token's row (32-byte swizzle: whole 16-byte chunks move)
-      offset = arith.addi(arith.muli(token, c(32)), arith.muli(lane_pair, c(8)))
-      offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(16)))
-      loaded = llvm.inline_asm(two_words, [arith.addi(base, offset)], "ld.shared.v2.b32 {$0, $1}, [$2];",
-                               "=r,=r,r", has_side_effects=True)  # not moved above the TMA's barrier wait
-      return [llvm.extractvalue(i32, loaded, [k]) for k in range(2)]
+    def code_bytes(token):  # bytes (W / 4) l .. of a token's row (W-byte swizzle: whole 16-byte chunks move)
+      offset = arith.addi(arith.muli(token, c(width)), arith.muli(lane_pair, c(width // 4)))
+      offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(width - 16)))
+      loaded = llvm.inline_asm(row_words, [arith.addi(base, offset)],
+                               f"ld.shared.{vector}.b32 {{{targets}}}, [${words}];", ",".join(["=r"] * words + ["r"]),
+                               has_side_effects=True)  # not moved above the TMA's barrier wait
+      return [llvm.extractvalue(i32, loaded, [k]) for k in range(words)]
     rows = {0: code_bytes(row), 8: code_bytes(arith.addi(row, c(8)))}
-    metadata = [[mgpu.utils.bitcast(x, half2) for part in range(4)
-                 for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32)] for ref in (scales, minimums)]
-    constants = [part_constants(p, True) for p in range(4)]
+    metadata = [[mgpu.utils.bitcast(x, half2) for part in range(parts)
+                 for x in _thread_channels_metadata(ref, window, part, lane_pair, i32, bits)]
+                for ref in (scales, minimums)]
+    constants = [part_constants(p, True, bits) for p in range(parts)]
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
     if folded:
-      folding = _FoldedParts(2, i32, half2)
-      metadata[1] = [folding.minimum(s, m, i // 4) for i, (s, m) in enumerate(zip(*metadata))]
-    registers = [np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object) for _ in range(4)]
+      folding = _FoldedParts(bits, i32, half2)
+      metadata[1] = [folding.minimum(s, m, i // groups) for i, (s, m) in enumerate(zip(*metadata))]
+    registers = [np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object) for _ in range(parts)]
     for idx, row_offset, column in _register_offsets(shape):
-      g = column // 8  # bytes 2g, 2g + 1 of the thread's 8: word g // 2, its bytes (2g % 4, + 1)
+      g = column // 8  # bytes 2g, 2g + 1 of the thread's: word g // 2, its bytes (2g % 4, + 1)
       first = 2 * g % 4
       spread = llvm.inline_asm(i32, [rows[row_offset][g // 2]],
                                f"prmt.b32 $0, $1, 0, 0x{0x4040 | (first + 1) << 8 | first:x};", "=r,r")
-      parts = folding.parts_of(spread) if folded else [
-          _part_of(spread, constants[part], magic[part], i32, half2) for part in range(4)]
-      for part in range(4):
-        registers[part][idx] = _fma_f16x2(parts[part], metadata[0][4 * part + g], metadata[1][4 * part + g], half2)
+      unpacked = folding.parts_of(spread) if folded else [
+          _part_of(spread, constants[part], magic[part], i32, half2) for part in range(parts)]
+      for part in range(parts):
+        registers[part][idx] = _fma_f16x2(unpacked[part], metadata[0][groups * part + g],
+                                          metadata[1][groups * part + g], half2)
     return tuple(mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None) for r in registers)
 
   return unpack(codes_ref, scale_ref, minimum_ref)
@@ -809,8 +852,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   first warp takes (`plgpu.warp_map`), where every warp computed the six copies' descriptors and coordinates
   under a predicate that held for one thread: 92 of the 525 instructions a warp executed a step (ncu, s26; untimed).
   `permuted_keys` (with `dequantize_keys` and magic exponents): the contraction's channels permuted for the keys
-  and q^T alike (`_keys_by_thread`), so that a thread's code bytes and scales come by 8- and 16-byte loads: 30
-  loads a thread and step fewer, the metadata in channel order (untimed). `values_per_token` (KIVI's values):
+  and q^T alike (`_keys_by_thread`, `key_order`), so that a thread's code bytes and scales come by 8- and 16-byte
+  loads: 30 loads a thread and step fewer, the metadata in channel order (INT2 timed in s28; INT4 since s30,
+  untimed). `values_per_token` (KIVI's values):
   v_scale and v_min are [N, T, 4] f16, a scale and minimum per token and group of 32 channels, copied a step as
   [32, 8] (token pairs: TMA moves rows of 16 bytes or more); each thread loads one f16 of each a (row, group),
   16 loads a step where the window's pairs took 32; the values go through shared memory (not with
@@ -848,9 +892,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if values_in_registers and not (magic_exponents and not (values_scaled_after or defer_values_wgmma)):
     raise ValueError("values_in_registers: with magic_exponents, not with values_scaled_after or "
                      "defer_values_wgmma")
-  if permuted_keys and not (dequantize_keys and magic_exponents and bits == 2 and not metadata_in_thread_order
+  if permuted_keys and not (dequantize_keys and magic_exponents and not metadata_in_thread_order
                             and not ldmatrix_metadata):
-    raise ValueError("permuted_keys: INT2 with dequantize_keys and magic_exponents, the metadata in channel order")
+    raise ValueError("permuted_keys: with dequantize_keys and magic_exponents, the metadata in channel order")
   if folded_minimums and not (permuted_keys or values_in_registers):
     raise ValueError("folded_minimums: the register paths', with permuted_keys or values_in_registers")
   if values_per_token:
@@ -898,9 +942,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   slots = 2 if defer else 1
   in_place = defer or (in_place_values and interpret is None)  # O^T in a wgmma accumulator across steps
   rescale_on_vote = in_place and in_place_values and lagged_max  # alpha is 1 wherever no warp votes
-  # With the keys permuted, row 8g + 2l + e of a part is channel 8l + 2g + e, as the keys' columns: q's channels
-  # permuted before its sum over the heads, where XLA fuses the permutation into that sum
-  qt = query_operands(thread_order(q, axis=2) if keys_by_thread else q, part_scaled=not (magic or dequantize_keys),
+  # With the keys permuted, row 8g + 2l + e of a part is channel (W / 4) l + 2g + e, as the keys' columns
+  # (`key_order`): q's channels permuted before its sum over the heads, where XLA fuses the permutation into it
+  qt = query_operands(key_order(q, bits, axis=2) if keys_by_thread else q, part_scaled=not (magic or dequantize_keys),
                       bits=bits)
   q_raw = query_operands(q, part_scaled=False) if bias_in_kernel else qt  # q^T for the minimums' products
 
@@ -1039,7 +1083,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
     def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
       if keys_by_thread:
-        return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums)
+        return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums, bits)
       if fast:
         return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma,
                                magic_exponents=magic, bits=bits, ldmatrix_metadata=ldmatrix_metadata,
@@ -1500,6 +1544,11 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # INT4's kernel (V^T, copies by one warp; no permuted keys), its values folded alike
     "wg4_large_batch_ftz_vregs_one_warp_fetch_folded": dict(_LARGE_BATCH, values_in_registers=True,
                                                             fetch_by_one_warp=True, folded_minimums=True),
+    # and INT4's keys permuted as INT2's (`key_order`: a thread's 16 code bytes a row by one 16-byte load; untimed)
+    "wg4_large_batch_ftz_int4_lean": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
+                                          fetch_by_one_warp=True),
+    "wg4_large_batch_ftz_int4_lean_folded": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
+                                                 fetch_by_one_warp=True, folded_minimums=True),
     # s25's kernel with KIVI's values (a scale and minimum a token and group of 32 channels; through shared memory:
     # `values_per_token`; untimed, s27): what serves kivi2 and kivi4 at large batches
     "wg4_large_batch_ftz_kivi": dict(_LARGE_BATCH, values_per_token=True),

@@ -150,6 +150,9 @@ class DecodeConfig:
   # KIVI's pools (values per token and group of 32 channels) through the Mosaic kernel too, their values through
   # shared memory (`mosaic_int2`'s `values_per_token`; see MOSAIC_KIVI), where their width is served
   kivi_mosaic: bool = False
+  # INT4 pools with `permuted_keys` too (`mosaic_int2.key_order`'s 64-channel parts; untimed, s30). Off, INT4
+  # pools go without it (the option was INT2's until session 30).
+  int4_permuted_keys: bool = False
   mosaic_programs_per_multiprocessor: int = 3  # its 148 registers a thread leave room for three
   # `mosaic_int2.int2_decode` keywords, as (name, value) pairs: the fastest variant (H200, 2026-12-04,
   # `mosaic_int2_s21_run2_h200.md`, 32k tokens), the V wgmma waited for in the next step and the values
@@ -277,9 +280,14 @@ MOSAIC_KIVI = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, kivi_mosaic
 MOSAIC_LEAN_ALL = dataclasses.replace(MOSAIC_KIVI, mosaic_options=MOSAIC_FOUR_WARPGROUPS_LEAN.mosaic_options)
 # That with the magic number folded into the minimums in the register paths (`folded_minimums`: the INT2 keys and
 # values, INT4's values, not KIVI's pools; "pallas:mosaic_wg4_lean_folded"; untimed, s30: 536 SASS in the INT2
-# main loop offline against 561, INT4 623 against 631, `mosaic_sass_s30_folded*.md`).
+# main loop offline against 561, INT4 623 against 631, `mosaic_sass_s30_folded.md`, `mosaic_sass_s30_int4.md`).
 MOSAIC_LEAN_FOLDED = dataclasses.replace(
     MOSAIC_LEAN_ALL, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded"].items()))
+# That with INT4 pools' keys permuted too (`int4_permuted_keys`: a thread's 16 code bytes a row and 16 channels'
+# scales and minimums by 16-byte loads, 84 loads a thread and step fewer; "pallas:mosaic_wg4_lean_int4_keys";
+# untimed, s30: 584 SASS in the INT4 main loop offline against 623 folded and 631 unfolded, 63 shared loads
+# against 101, `mosaic_sass_s30_int4.md`).
+MOSAIC_LEAN_INT4_KEYS = dataclasses.replace(MOSAIC_LEAN_FOLDED, int4_permuted_keys=True)
 # What the default runs for large launches (`for_launch`): that (since session 28: the 7B step at 32 x 100 8.52
 # ms against 8.81 for windowquant, rtn4 9.06 against 10.13, kivi2 9.04 against 12.94, kivi4 9.58 against 10.32,
 # `decode_throughput_*_s28_lean_all_gpu.md`), with the launches' partials merged in one Pallas launch
@@ -857,13 +865,14 @@ def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int, b
           and window == mosaic_int2.WINDOW and h == mosaic_int2.HEAD_DIM and mosaic_int2.available())
 
 
-def pool_options(options: dict, bits: int, kivi: bool) -> dict:
+def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool = False) -> dict:
   """A configuration's `mosaic_int2` options as a pool of `bits` (and, with `kivi`, KIVI's values) takes them:
-  `permuted_keys` is INT2's, so an INT4 pool goes without it; `folded_minimums` is the register paths' for
+  an INT4 pool keeps `permuted_keys` only with `int4_permuted_keys` (and not KIVI's); `folded_minimums` is the
+  register paths' for
   windows' values and keys, and KIVI's pools go without it (their values are not in registers, and folding the
   keys alone made ptxas spill: 593 SASS in the main loop either way, offline, s30)."""
   options = kivi_options(options) if kivi else dict(options)
-  if bits != 2:
+  if bits != 2 and (kivi or not int4_permuted_keys):
     options["permuted_keys"] = False
   if kivi:
     options["folded_minimums"] = False
@@ -888,7 +897,8 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, w
   q = qg.reshape(n, g, h).astype(jnp.float32) * (q_scale * _LOG2E)
   flat = lambda x: x.reshape(n, *x.shape[2:])
   splits = mosaic_splits(n, max(1, -(-windows // 2)), config)
-  options = pool_options(dict(config.mosaic_options), kp.bits, kivi=bool(vp.channel_group))
+  options = pool_options(dict(config.mosaic_options), kp.bits, kivi=bool(vp.channel_group),
+                         int4_permuted_keys=config.int4_permuted_keys)
   groups = options.get("warpgroups", 1)  # programs a CTA: the splits a multiple of it
   splits = -(-splits // groups) * groups
   o_t, m, l = mosaic_int2.range_partials(

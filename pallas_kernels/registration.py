@@ -33,6 +33,7 @@
     "pallas:mosaic_int2_wg4_kivi"  vregs_int4, and KIVI's pools through the Mosaic kernel (untimed, s27)
     "pallas:mosaic_wg4_lean_all"  the lean kernel for INT2, INT4 and KIVI's pools (s28's kernel winners)
     "pallas:mosaic_wg4_lean_folded"  that, the magic number folded into the minimums (untimed, s30)
+    "pallas:mosaic_wg4_lean_int4_keys"  that, and INT4 pools' keys permuted as INT2's (untimed, s30)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -99,3 +100,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_int2_wg4_kivi", quantized_decode.MOSAIC_KIVI)
   register_variant("pallas:mosaic_wg4_lean_all", quantized_decode.MOSAIC_LEAN_ALL)
   register_variant("pallas:mosaic_wg4_lean_folded", quantized_decode.MOSAIC_LEAN_FOLDED)
+  register_variant("pallas:mosaic_wg4_lean_int4_keys", quantized_decode.MOSAIC_LEAN_INT4_KEYS)

@@ -179,7 +179,8 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
                                           values_in_registers=True, metadata_in_thread_order=True),
                                      *(dict(mi.VARIANTS[name], ranged=True, bits=4) for name in (  # INT4, s27
-                                         "wg4_large_batch_ftz_vregs", "wg4_large_batch_ftz_vregs_one_warp_fetch")),
+                                         "wg4_large_batch_ftz_vregs", "wg4_large_batch_ftz_vregs_one_warp_fetch",
+                                         "wg4_large_batch_ftz_int4_lean_folded")),  # s30
                                      *(dict(mi.VARIANTS["wg4_large_batch_ftz_kivi"], ranged=ranged, bits=bits)
                                        for ranged in (False, True) for bits in (2, 4))])  # KIVI's values, s27
 def test_lowers_for_cuda(options):
@@ -216,6 +217,32 @@ def test_thread_order_puts_a_threads_pairs_together():
   for scaled in (False, True):
     np.testing.assert_array_equal(np.asarray(mi.query_operands(mi.thread_order(q, axis=2), part_scaled=scaled)),
                                   np.take(np.asarray(mi.query_operands(q, part_scaled=scaled)), ordered, axis=1))
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_key_order_puts_a_threads_channels_together(bits):
+  """`permuted_keys`: column 8g + 2l + e of part p (W = 128 bits / 8 channels a part) is channel W p + (W / 4) l +
+  2g + e, whose code is in byte (W / 4) l + 2g + e of a token's packed row (`quant.pack`), the one `_keys_by_thread`
+  takes from lane l's load; q^T's rows follow q's channels. INT2's order is `thread_order`."""
+  from wq_jax import quant
+  width, channels = mi.HEAD_DIM * bits // 8, np.arange(mi.HEAD_DIM)
+  ordered = np.asarray(mi.key_order(channels, bits))
+  np.testing.assert_array_equal(np.sort(ordered), channels)
+  if bits == 2:
+    np.testing.assert_array_equal(ordered, mi.thread_order(channels))
+  codes = np.random.default_rng(bits).integers(0, 1 << bits, mi.HEAD_DIM)
+  row = np.asarray(quant.pack(codes, bits))
+  for part in range(8 // bits):
+    for lane in range(4):
+      for g in range(width // 8):
+        for e in range(2):
+          channel = ordered[width * part + 8 * g + 2 * lane + e]
+          assert channel == width * part + width // 4 * lane + 2 * g + e
+          byte = row[width // 4 * lane + 2 * g + e]
+          assert (byte >> bits * part) & ((1 << bits) - 1) == codes[channel]
+  q = np.random.default_rng(0).normal(size=(3, 7, mi.HEAD_DIM)).astype(np.float32)
+  np.testing.assert_array_equal(np.asarray(mi.query_operands(mi.key_order(q, bits, axis=2), part_scaled=False)),
+                                np.take(np.asarray(mi.query_operands(q, part_scaled=False)), ordered, axis=1))
 
 
 def test_metadata_in_thread_order_matches(interpret):
@@ -256,6 +283,7 @@ def test_wgmma_layout_is_as_the_register_paths_assume():
   assert offsets((128, 64)) == sorted((r, c) for r in (0, 8, 64, 72) for c in range(0, 64, 8))
   assert offsets((128, 16)) == sorted((r, c) for r in (0, 8, 64, 72) for c in (0, 8))
   assert offsets((64, 32)) == sorted((r, c) for r in (0, 8) for c in range(0, 32, 8))
+  assert offsets((64, 64)) == sorted((r, c) for r in (0, 8) for c in range(0, 64, 8))  # INT4's key parts
 
 
 def kivi_values(case, seed=1):
@@ -332,11 +360,11 @@ def test_values_in_registers_match(interpret):
     mi.attend(*case, splits=2, interpret=interpret, options=(("fetch_by_one_warp", True),))
   with pytest.raises(ValueError, match="folded_minimums"):  # the register paths' (device-checked, s30)
     mi.attend(*case, splits=2, interpret=interpret, options=(("folded_minimums", True),))
-  int4 = random_case(7, 2, 256, 7, bits=4)  # INT4 takes the option since s27 (not permuted keys)
+  int4 = random_case(7, 2, 256, 7, bits=4)  # INT4 takes the option since s27 (and permuted keys since s30)
   out = np.asarray(mi.attend(*int4, splits=2, interpret=interpret, options=tuple(options.items())))
   np.testing.assert_allclose(out, mi.reference(*int4), atol=2e-3, rtol=0)
-  with pytest.raises(ValueError, match="permuted_keys"):
-    mi.attend(*int4, splits=2, interpret=interpret, options=tuple(dict(options, permuted_keys=True).items()))
+  with pytest.raises(ValueError, match="permuted_keys"):  # INT4 takes them since s30, not without dequantize_keys
+    mi.attend(*int4, splits=2, interpret=interpret, options=(("permuted_keys", True),))
 
 
 @pytest.mark.parametrize("magic_exponents,bits", [(False, 2), (True, 2), (False, 4), (True, 4)])

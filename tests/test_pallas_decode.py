@@ -188,6 +188,8 @@ def test_pool_options_keep_permuted_keys_to_int2():
   assert qd.pool_options(folded, 2, kivi=False)["folded_minimums"]
   assert qd.pool_options(folded, 4, kivi=False)["folded_minimums"]  # INT4's values in registers
   assert not any(qd.pool_options(folded, bits, kivi=True)["folded_minimums"] for bits in (2, 4))
+  assert qd.pool_options(folded, 4, kivi=False, int4_permuted_keys=True)["permuted_keys"]  # opted in (s30)
+  assert not qd.pool_options(folded, 4, kivi=True, int4_permuted_keys=True)["permuted_keys"]
 
 
 def test_registered_as_pallas_on_a_bf16_cache():
