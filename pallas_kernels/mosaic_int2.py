@@ -577,9 +577,10 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
   (l = lane % 4) then needs code bytes (W / 4) l .. + W / 4 - 1 of each of its two token rows, one 8-byte (INT2)
   or 16-byte (INT4) load a row where the WGMMA layout's loads of a pair took 4 (8), and of each part the scale
   and minimum pairs of those channels, 16-byte loads (`_thread_channels_metadata`) where pair loads took 4 (8):
-  INT2 30 loads a thread and step fewer, INT4 84. Each register: a `prmt` of two bytes, then per part the magic
-  exponents' LOP3, the subtraction and one f16x2 fma. `folded` (`folded_minimums`): the parts as magic + code
-  (`_FoldedParts`), the minimum pairs folded (16 fmas a thread a step), no subtraction a register (32)."""
+  INT2 30 loads a thread and step fewer, INT4 38 (offline SASS, s30). Each register: a `prmt` of two bytes, then
+  per part the magic exponents' LOP3, the subtraction and one f16x2 fma. `folded` (`folded_minimums`): the parts
+  as magic + code (`_FoldedParts`), the minimum pairs folded (16 fmas a thread a step), no subtraction a register
+  (32)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir

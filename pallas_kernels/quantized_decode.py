@@ -284,7 +284,7 @@ MOSAIC_LEAN_ALL = dataclasses.replace(MOSAIC_KIVI, mosaic_options=MOSAIC_FOUR_WA
 MOSAIC_LEAN_FOLDED = dataclasses.replace(
     MOSAIC_LEAN_ALL, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded"].items()))
 # That with INT4 pools' keys permuted too (`int4_permuted_keys`: a thread's 16 code bytes a row and 16 channels'
-# scales and minimums by 16-byte loads, 84 loads a thread and step fewer; "pallas:mosaic_wg4_lean_int4_keys";
+# scales and minimums by 16-byte loads, 38 loads a thread and step fewer; "pallas:mosaic_wg4_lean_int4_keys";
 # untimed, s30: 584 SASS in the INT4 main loop offline against 623 folded and 631 unfolded, 63 shared loads
 # against 101, `mosaic_sass_s30_int4.md`).
 MOSAIC_LEAN_INT4_KEYS = dataclasses.replace(MOSAIC_LEAN_FOLDED, int4_permuted_keys=True)
