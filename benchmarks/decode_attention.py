@@ -502,7 +502,8 @@ def markdown(report) -> str:
     name = report.get("sweep_config", {}).get("name")
     first = next(iter(report["variants"].values()))
     shape = f"batch {first.get('batch', 8)}, {first.get('tokens', 32768) // 1024}k tokens"
-    lines += ["", f"## Tuning variants ({shape}; the sweep above used the fastest: {name})", "",
+    used = "the sweep above used the fastest" if report["results"] else "the fastest"
+    lines += ["", f"## Tuning variants ({shape}; {used}: {name})", "",
               "| variant | plan | splits | pallas µs | TB/s | GPU µs | err vs xla | compile s |",
               "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for name, r in report["variants"].items():
