@@ -279,22 +279,29 @@ MOSAIC_KIVI = dataclasses.replace(MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, kivi_mosaic
 # `pool_options` keeps `permuted_keys` to INT2 pools.
 MOSAIC_LEAN_ALL = dataclasses.replace(MOSAIC_KIVI, mosaic_options=MOSAIC_FOUR_WARPGROUPS_LEAN.mosaic_options)
 # That with the magic number folded into the minimums in the register paths (`folded_minimums`: the INT2 keys and
-# values, INT4's values, not KIVI's pools; "pallas:mosaic_wg4_lean_folded"; untimed, s30: 536 SASS in the INT2
-# main loop offline against 561, INT4 623 against 631, `mosaic_sass_s30_folded.md`, `mosaic_sass_s30_int4.md`).
+# values, INT4's values, not KIVI's pools; "pallas:mosaic_wg4_lean_folded"): 536 SASS in the INT2 main loop
+# offline against 561 (`mosaic_sass_s30_folded.md`). Timed on an H100 (s30, the only card lent): the INT2 kernel
+# 114.1 µs against 119.3 at batch 32 x 19,968, 222.5 against 230.3 at 60 (`mosaic_int2_s30_folded_h100.md`; INT4,
+# memory-bound there, unchanged); the batch-60 x 32k mix 577.6 µs of GPU time against 587.2
+# (`decode_attention_s30_b60_variants_h100.md`); the 7B step at 32 x 100 9.270 ms against 9.368, windowquant
+# (`decode_throughput_*_s30_folded_step_gpu.md`). Its float64 checks passed, with a larger error where a
+# window's key minimums are large (1.8e-3 against 8e-5, the rising-scores case; limit 5e-3).
 MOSAIC_LEAN_FOLDED = dataclasses.replace(
     MOSAIC_LEAN_ALL, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded"].items()))
 # That with INT4 pools' keys permuted too (`int4_permuted_keys`: a thread's 16 code bytes a row and 16 channels'
 # scales and minimums by 16-byte loads, 38 loads a thread and step fewer; "pallas:mosaic_wg4_lean_int4_keys";
-# untimed, s30: 584 SASS in the INT4 main loop offline against 623 folded and 631 unfolded, 63 shared loads
-# against 101, `mosaic_sass_s30_int4.md`).
+# s30: 584 SASS in the INT4 main loop offline against 623 folded and 631 unfolded, 63 shared loads against 101,
+# `mosaic_sass_s30_int4.md`; on an H100 no faster, 287.3 µs against 287.8 at batch 60, where INT4 streams 92 % of
+# the copy bandwidth, `mosaic_int4_s30_h100.md`; untimed on an H200, where INT4 ran 3.08 TB/s of ~4.0).
 MOSAIC_LEAN_INT4_KEYS = dataclasses.replace(MOSAIC_LEAN_FOLDED, int4_permuted_keys=True)
-# What the default runs for large launches (`for_launch`): that (since session 28: the 7B step at 32 x 100 8.52
-# ms against 8.81 for windowquant, rtn4 9.06 against 10.13, kivi2 9.04 against 12.94, kivi4 9.58 against 10.32,
-# `decode_throughput_*_s28_lean_all_gpu.md`), with the launches' partials merged in one Pallas launch
+# What the default runs for large launches (`for_launch`): MOSAIC_LEAN_FOLDED since session 30 (above), before it
+# MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
+# against 10.13, kivi2 9.04 against 12.94, kivi4 9.58 against 10.32, `decode_throughput_*_s28_lean_all_gpu.md`),
+# with the launches' partials merged in one Pallas launch
 # (`combine_with_heads_last_kernel`) where XLA takes five or more small kernels a layer. The merged combine: 9.98
 # ms against 10.09 with XLA's merge at 32 x 100 (session 24); for two Mosaic launches (INT2 and INT4 pools) it
 # replaces a transposed, concatenated copy and the combine kernel (~40 µs of 545 at batch 60 x 32k, mix; untimed).
-LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_LEAN_ALL, k) for k in (
+LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_LEAN_FOLDED, k) for k in (
     "mosaic_programs_per_multiprocessor", "mosaic_options", "fused_combine", "mosaic_min_splits", "int4_mosaic",
     "kivi_mosaic")}
 LARGE_BATCH_BITS = (2, 4) if LARGE_BATCH_MOSAIC["int4_mosaic"] else (2,)  # the widths its launches serve

@@ -2,7 +2,7 @@
 
     "pallas"              quantized_decode.py: split-K flash decoding, Pallas Triton lowering; at large
                           batches on long videos (JAX >= 0.11, GPU) its INT2, INT4 and KIVI pools through
-                          mosaic_int2.py's Mosaic GPU kernel (`DecodeConfig.mosaic_min_pairs`, MOSAIC_LEAN_ALL)
+                          mosaic_int2.py's Mosaic GPU kernel (`DecodeConfig.mosaic_min_pairs`, MOSAIC_LEAN_FOLDED)
     "pallas:triton"       the Triton kernel for every pool at every batch
     "pallas:mosaic_int2"  the same, with the INT2 pool through mosaic_int2.py's Mosaic GPU kernel
                           (JAX >= 0.11 only; pools it does not serve go through the Triton kernel)
@@ -32,8 +32,9 @@
                                    one warp (untimed, s27)
     "pallas:mosaic_int2_wg4_kivi"  vregs_int4, and KIVI's pools through the Mosaic kernel (untimed, s27)
     "pallas:mosaic_wg4_lean_all"  the lean kernel for INT2, INT4 and KIVI's pools (s28's kernel winners)
-    "pallas:mosaic_wg4_lean_folded"  that, the magic number folded into the minimums (untimed, s30)
-    "pallas:mosaic_wg4_lean_int4_keys"  that, and INT4 pools' keys permuted as INT2's (untimed, s30)
+    "pallas:mosaic_wg4_lean_folded"  that, the magic number folded into the minimums: what "pallas" runs at
+                                     large batches since s30 (the INT2 kernel 3-4 % faster on an H100)
+    "pallas:mosaic_wg4_lean_int4_keys"  that, and INT4 pools' keys permuted as INT2's (no faster on an H100, s30)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
