@@ -4,10 +4,12 @@
 # against the lean kernels, each variant checked against float64 before it is timed, the Triton kernel beside
 # them. One part a device call (each < 10 min), results under $OUT:
 #   bash benchmarks/kernel_experiments.sh kernels   # INT2 and INT4 pools at batch 32 and 60 x 19,968 tokens
-#   bash benchmarks/kernel_experiments.sh mix       # issue 5's batch 60 x 32k, mixed and INT2 plans: the default,
-#                                                   # folded, folded with INT4's keys permuted (GPU time too),
-#                                                   # then again without command buffers
+#   bash benchmarks/kernel_experiments.sh mix       # issue 5's batch 60 x 32k, mixed and INT2 plans: s28's
+#                                                   # configuration (lean_all), the default (folded since s30),
+#                                                   # and folded with INT4's keys permuted (GPU time too), then
+#                                                   # again without command buffers
 #   bash benchmarks/kernel_experiments.sh step      # the 7B step at 32 x 100: the same three
+# (Run once on an H100 in session 30, when `default` was still lean_all and the folded one named apart.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
@@ -20,13 +22,13 @@ case "${1:-}" in
       wg4_large_batch_ftz_int4_lean_folded --tag mosaic_int4_s30 ;;
   mix)
     variants() { python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
-                   --variants default,mosaic_wg4_lean_folded,mosaic_wg4_lean_int4_keys --out "$out" "$@"; }
+                   --variants mosaic_wg4_lean_all,default,mosaic_wg4_lean_int4_keys --out "$out" "$@"; }
     variants --gpu-time --tag s30_b60_variants
     # the same without command buffers: is the clock's ~120 µs a call over GPU time (s28) XLA updating a graph?
     variants --compiler-options '{"xla_gpu_enable_command_buffer": ""}' --tag s30_b60_variants_nographs ;;
   step)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_wg4_lean_folded pallas:mosaic_wg4_lean_int4_keys \
+      --attention pallas:mosaic_wg4_lean_all pallas pallas:mosaic_wg4_lean_int4_keys \
       --methods windowquant fp16 rtn4 rtn2 --out "$out" --budget-s 480 --tag s30_kernels ;;
   *) echo "usage: $0 kernels|mix|step" >&2; exit 2 ;;
 esac

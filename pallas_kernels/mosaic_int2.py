@@ -199,12 +199,7 @@ def thread_order(x, axis: int = -1):
   within each part's 32 channels 32p + 8g + 2l + e (g: the 8-channel group, l = lane % 4, e: the pair's half),
   the f16 at 32p + 8l + 2g + e. The pairs of a 4 x 4 block swap places, so the order is its own inverse: a
   thread's 4 pairs of a part become 16 contiguous bytes, one `ld.shared.v4` where pair loads took four."""
-  # A swap of two axes of a reshape, not a gather (as a gather on q^T, the permutation was a kernel of its own a
-  # layer in the 7B step: 72 µs a step at 32 x 100, session 28)
-  axis = axis % x.ndim
-  shape = x.shape
-  blocks = x.reshape(*shape[:axis], HEAD_DIM // 32, 4, 4, 2, *shape[axis + 1:])
-  return blocks.swapaxes(axis + 1, axis + 2).reshape(shape)
+  return key_order(x, 2, axis)  # the same swap of pairs as INT2's permuted key columns
 
 
 def key_order(x, bits: int = 2, axis: int = -1):
@@ -213,50 +208,36 @@ def key_order(x, bits: int = 2, axis: int = -1):
   2g + e, so that a thread's W / 4 channels of a part are contiguous in a token's code bytes (byte j of a row
   holds channels j + W p) and in a window's scales and minimums. For INT2 this is `thread_order` (the 4 x 4
   blocks of pairs make it its own inverse); INT4's 4 x 8 blocks do not."""
+  # A swap of two axes of a reshape, not a gather (as a gather on q^T, the permutation was a kernel of its own a
+  # layer in the 7B step: 72 µs a step at 32 x 100, session 28)
   axis = axis % x.ndim
   shape, width = x.shape, HEAD_DIM * bits // 8
   blocks = x.reshape(*shape[:axis], HEAD_DIM // width, 4, width // 8, 2, *shape[axis + 1:])
   return blocks.swapaxes(axis + 1, axis + 2).reshape(shape)
 
 
-def _metadata_in_thread_order(ref, window, part, lane_pair, i32):
-  """The 16 bytes at f16 32 part + 8 (lane % 4) of row `window` of a [2, H] f16 ref, as 4 pairs (i32 registers):
-  in `thread_order`, the 4 pairs of `part` the thread needs (its column groups g = 0..3, channels 32 part + 8g +
-  2 (lane % 4)); in channel order, channels 32 part + 8 (lane % 4) .. + 7 (`_keys_by_thread`). One 16-byte load
-  where 4 pair loads took 4 instructions (the same 4 shared-memory wavefronts a warp, ncu s26)."""
-  from jax.experimental.mosaic import gpu as mgpu
-  from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import arith, llvm
-
-  c = lambda v: arith.constant(i32, v)
-  base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref))
-  address = arith.addi(arith.addi(base, arith.muli(window, c(2 * HEAD_DIM))), c(64 * part))
-  address = arith.addi(address, arith.muli(lane_pair, c(16)))
-  quad = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
-  loaded = llvm.inline_asm(quad, [address], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
-                           has_side_effects=True)  # not moved above the TMA's barrier wait
-  return [llvm.extractvalue(i32, loaded, [i]) for i in range(4)]
-
-
-def _thread_channels_metadata(ref, window, part, lane_pair, i32, bits):
-  """`permuted_keys`: a window's scales or minimums ([2, H] f16 ref) of channels W part + (W / 4) (lane % 4) ..
-  + W / 4 - 1 (W = H bits / 8), as W / 8 pairs (i32): one 16-byte load for INT2's 8 channels, two for INT4's
-  16."""
-  if bits == 2:
-    return _metadata_in_thread_order(ref, window, part, lane_pair, i32)
+def _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits: int = 2):
+  """The W / 2 f16 at W part + (W / 4) (lane % 4) of row `window` of a [2, H] f16 ref (W = H bits / 8 channels a
+  part), as W / 8 pairs (i32 registers), by 16-byte loads where pair loads took one a pair: INT2's 16 bytes (4
+  pairs) one load, INT4's 32 bytes two. For INT2, in `thread_order` these are the 4 pairs of `part` the thread
+  needs (its column groups g = 0..3, channels 32 part + 8g + 2 (lane % 4)); in channel order, channels W part +
+  (W / 4) (lane % 4) .. of `_keys_by_thread` (both widths). A 16-byte load takes as many shared-memory wavefronts
+  a warp as its 4 pair loads (ncu s26), but one instruction."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm
 
   c = lambda v: arith.constant(i32, v)
   width = HEAD_DIM * bits // 8
-  address = arith.addi(llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref)), arith.muli(window, c(2 * HEAD_DIM)))
-  address = arith.addi(arith.addi(address, c(2 * width * part)), arith.muli(lane_pair, c(width // 2)))
+  base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref))
+  address = arith.addi(arith.addi(base, arith.muli(window, c(2 * HEAD_DIM))), c(2 * width * part))
+  address = arith.addi(address, arith.muli(lane_pair, c(width // 2)))
   quad = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
   pairs = []
   for chunk in range(width // 32):
-    loaded = llvm.inline_asm(quad, [arith.addi(address, c(16 * chunk))], "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];",
-                             "=r,=r,=r,=r,r", has_side_effects=True)  # not moved above the TMA's barrier wait
+    loaded = llvm.inline_asm(quad, [arith.addi(address, c(16 * chunk)) if chunk else address],
+                             "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r",
+                             has_side_effects=True)  # not moved above the TMA's barrier wait
     pairs += [llvm.extractvalue(i32, loaded, [i]) for i in range(4)]
   return pairs
 
@@ -576,7 +557,7 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
   (W / 4) l + 2g + e (`key_order`; q^T's rows are permuted alike, so the scores are the same sums). A thread
   (l = lane % 4) then needs code bytes (W / 4) l .. + W / 4 - 1 of each of its two token rows, one 8-byte (INT2)
   or 16-byte (INT4) load a row where the WGMMA layout's loads of a pair took 4 (8), and of each part the scale
-  and minimum pairs of those channels, 16-byte loads (`_thread_channels_metadata`) where pair loads took 4 (8):
+  and minimum pairs of those channels, 16-byte loads (`_metadata_in_thread_order`) where pair loads took 4 (8):
   INT2 30 loads a thread and step fewer, INT4 38 (offline SASS, s30). Each register: a `prmt` of two bytes, then
   per part the magic exponents' LOP3, the subtraction and one f16x2 fma. `folded` (`folded_minimums`): the parts
   as magic + code (`_FoldedParts`), the minimum pairs folded (16 fmas a thread a step), no subtraction a register
@@ -616,7 +597,7 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
       return [llvm.extractvalue(i32, loaded, [k]) for k in range(words)]
     rows = {0: code_bytes(row), 8: code_bytes(arith.addi(row, c(8)))}
     metadata = [[mgpu.utils.bitcast(x, half2) for part in range(parts)
-                 for x in _thread_channels_metadata(ref, window, part, lane_pair, i32, bits)]
+                 for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits)]
                 for ref in (scales, minimums)]
     constants = [part_constants(p, True, bits) for p in range(parts)]
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]

@@ -224,12 +224,10 @@ def test_key_order_puts_a_threads_channels_together(bits):
   """`permuted_keys`: column 8g + 2l + e of part p (W = 128 bits / 8 channels a part) is channel W p + (W / 4) l +
   2g + e, whose code is in byte (W / 4) l + 2g + e of a token's packed row (as `reference` unpacks it: byte j
   holds channel W p + j at bits p x bits), the one `_keys_by_thread` takes from lane l's load; q^T's rows follow
-  q's channels. INT2's order is `thread_order`."""
+  q's channels."""
   width, channels = mi.HEAD_DIM * bits // 8, np.arange(mi.HEAD_DIM)
   ordered = np.asarray(mi.key_order(channels, bits))
   np.testing.assert_array_equal(np.sort(ordered), channels)
-  if bits == 2:
-    np.testing.assert_array_equal(ordered, mi.thread_order(channels))
   row = np.random.default_rng(bits).integers(0, 256, width).astype(np.uint8)  # one token's code bytes
   codes = np.concatenate([(row >> bits * p) & ((1 << bits) - 1) for p in range(8 // bits)])  # as `reference`
   for part in range(8 // bits):
