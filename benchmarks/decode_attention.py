@@ -155,8 +155,15 @@ def device_time(compiled, inputs, queries):
               kernels_a_call=len(events) / inner, top={name[:80]: ns * 1e-9 / inner for name, ns in top})
 
 
+# Calls per timed dispatch where `--inner` fixes it: the clock then shows what a dispatch costs beyond its
+# kernels (per call, it falls as 1 / inner where the cost is the dispatch's, not the calls').
+INNER_CALLS: int | None = None
+
+
 def inner_calls(nbytes: int) -> int:
-  """Calls per timed dispatch: about 2 ms of work, at least 1, at most 32."""
+  """Calls per timed dispatch: about 2 ms of work, at least 1, at most 32 (or `INNER_CALLS`)."""
+  if INNER_CALLS:
+    return INNER_CALLS
   est = nbytes / 3e12 + 5e-6
   return int(min(32, max(1, round(2e-3 / est))))
 
@@ -580,10 +587,13 @@ def main(argv=None):
   ap.add_argument("--budget-s", type=float, default=1e9, help="stop the sweep after this many seconds")
   ap.add_argument("--compiler-options", type=json.loads, default={},
                   help='XLA options of every timed call, as JSON: \'{"xla_gpu_enable_command_buffer": ""}\'')
+  ap.add_argument("--inner", type=int, default=None, help="calls a timed dispatch (default: ~2 ms of work)")
   ap.add_argument("--out", default="benchmarks/results")
   ap.add_argument("--tag", default="decode_attention")
   args = ap.parse_args(argv)
   COMPILER_OPTIONS.update(args.compiler_options)
+  global INNER_CALLS
+  INNER_CALLS = args.inner
   start = time.time()
   device = jax.devices()[0]
   report = dict(command="PYTHONPATH=. python " + " ".join(sys.argv),

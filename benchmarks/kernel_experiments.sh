@@ -12,23 +12,25 @@
 # (Run once on an H100 in session 30, when `default` was still lean_all and the folded one named apart.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
+tag=${TAG:-s31}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 case "${1:-}" in
   kernels)
     bench --batches 32 60 --variants wg4_large_batch_ftz_vregs_permuted_keys_one_warp_fetch \
-      wg4_large_batch_ftz_lean_folded --tag mosaic_int2_s30_folded
+      wg4_large_batch_ftz_lean_folded --tag mosaic_int2_${tag}_folded
     bench --bits 4 --batches 32 60 --variants wg4_large_batch_ftz_vregs_one_warp_fetch \
       wg4_large_batch_ftz_vregs_one_warp_fetch_folded wg4_large_batch_ftz_int4_lean \
-      wg4_large_batch_ftz_int4_lean_folded --tag mosaic_int4_s30 ;;
+      wg4_large_batch_ftz_int4_lean_folded --tag mosaic_int4_${tag} ;;
   mix)
     variants() { python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
                    --variants mosaic_wg4_lean_all,default,mosaic_wg4_lean_int4_keys --out "$out" "$@"; }
-    variants --gpu-time --tag s30_b60_variants
-    # the same without command buffers: is the clock's ~120 µs a call over GPU time (s28) XLA updating a graph?
-    variants --compiler-options '{"xla_gpu_enable_command_buffer": ""}' --tag s30_b60_variants_nographs ;;
+    variants --gpu-time --tag ${tag}_b60_variants
+    # 16 calls a dispatch, not 4: does the clock's ~100-130 µs a call over GPU time (s28, s30) fall as 1 / calls?
+    # (Not XLA updating command buffers: without them s30 saw the same.)
+    variants --inner 16 --tag ${tag}_b60_variants_inner16 ;;
   step)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas:mosaic_wg4_lean_all pallas pallas:mosaic_wg4_lean_int4_keys \
-      --methods windowquant fp16 rtn4 rtn2 --out "$out" --budget-s 480 --tag s30_kernels ;;
+      --methods windowquant fp16 rtn4 rtn2 --out "$out" --budget-s 480 --tag ${tag}_kernels ;;
   *) echo "usage: $0 kernels|mix|step" >&2; exit 2 ;;
 esac
