@@ -27,7 +27,14 @@ case "${1:-}" in
     variants --gpu-time --tag ${tag}_b60_variants
     # 16 calls a dispatch, not 4: does the clock's ~100-130 µs a call over GPU time (s28, s30) fall as 1 / calls?
     # (Not XLA updating command buffers: without them s30 saw the same.)
-    variants --inner 16 --tag ${tag}_b60_variants_inner16 ;;
+    variants --inner 16 --variants default --tag ${tag}_b60_variants_inner16
+    # kernels without a data dependency (the pools' launches) run concurrently in the CUDA graph: the INT2
+    # kernel, bound by its instructions, beside the 16-bit launch, bound by HBM (GPU span is the time then).
+    # One call a dispatch, so that calls do not overlap each other as a step's dependent layers could not.
+    one=(--inner 1 --gpu-time --variant-plans mix --variants default,mosaic_wg4_lean_int4_keys)
+    variants "${one[@]}" --tag ${tag}_b60_serial
+    variants "${one[@]}" --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' \
+      --tag ${tag}_b60_concurrent ;;
   step)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas:mosaic_wg4_lean_all pallas pallas:mosaic_wg4_lean_int4_keys \
