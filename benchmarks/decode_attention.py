@@ -119,8 +119,12 @@ def bench(fn, inputs, queries, repeats=7, compiled=None):
   times = []
   for _ in range(repeats):
     t0 = time.perf_counter()
-    jax.block_until_ready(compiled(inputs, queries))
-    times.append(time.perf_counter() - t0)
+    if BACK_TO_BACK:  # the host dispatches ahead, as a decode loop does; one wait at the end
+      jax.block_until_ready([compiled(inputs, queries) for _ in range(BACK_TO_BACK)])
+      times.append((time.perf_counter() - t0) / BACK_TO_BACK)
+    else:
+      jax.block_until_ready(compiled(inputs, queries))
+      times.append(time.perf_counter() - t0)
   return float(np.median(times)) / inner, compile_s, finite, outs[0]
 
 
@@ -158,6 +162,9 @@ def device_time(compiled, inputs, queries):
 # Calls per timed dispatch where `--inner` fixes it: the clock then shows what a dispatch costs beyond its
 # kernels (per call, it falls as 1 / inner where the cost is the dispatch's, not the calls').
 INNER_CALLS: int | None = None
+# Dispatches sent before one wait (`--back-to-back`), so the host's work a dispatch overlaps the GPU's: a
+# clock time that excludes the wait's round trip (default 0: wait after each dispatch).
+BACK_TO_BACK = 0
 
 
 def inner_calls(nbytes: int) -> int:
@@ -482,9 +489,13 @@ def markdown(report) -> str:
   copy = best_copy_TBps(report["copy"])
   lines = [f"# Decode attention, one layer, {HEADS} q heads / {KV_HEADS} KV heads / head dim {HEAD_DIM}, bf16",
            "", f"- command: `{report['command']}`", f"- date: {report['date']}", f"- device: {report['device']}",
-           f"- jax {report['jax']}; kernel: Pallas Triton lowering (`implementation=\"pallas\"`); variants named "
-           "`mosaic_int2*` put the INT2 pool through the Mosaic GPU kernel (`pallas_kernels/mosaic_int2.py`), "
-           "the other pools through the Triton one",
+           f"- jax {report['jax']}; kernel: `implementation=\"pallas\"` (the default: Pallas Triton launches, and "
+           "on JAX >= 0.11 the Mosaic GPU kernels of `pallas_kernels/mosaic_int2.py` for large quantized pools); "
+           "variants are `VARIANTS`' tilings",
+           "- timing: median of 7 timed repeats, each "
+           + (f"{report['back_to_back']} dispatches sent back to back, then one wait" if report.get("back_to_back")
+              else "one dispatch and a wait for it")
+           + "; a dispatch is " + (f"{report['inner']} calls" if report.get("inner") else "`inner` calls (~2 ms of work)"),
            "- copy bandwidth (bytes read + written): " + ", ".join(
                f"{k} {v:.2f} TB/s" for k, v in report["copy"].items() if k.endswith("TBps")),
            *([f"- XLA options of every timed call: `{json.dumps(report['compiler_options'])}`"]
@@ -591,18 +602,19 @@ def main(argv=None):
   ap.add_argument("--compiler-options", type=json.loads, default={},
                   help='XLA options of every timed call, as JSON: \'{"xla_gpu_enable_command_buffer": ""}\'')
   ap.add_argument("--inner", type=int, default=None, help="calls a timed dispatch (default: ~2 ms of work)")
+  ap.add_argument("--back-to-back", type=int, default=0, help="dispatches a timed repeat sends before its wait")
   ap.add_argument("--out", default="benchmarks/results")
   ap.add_argument("--tag", default="decode_attention")
   args = ap.parse_args(argv)
   COMPILER_OPTIONS.update(args.compiler_options)
-  global INNER_CALLS
-  INNER_CALLS = args.inner
+  global INNER_CALLS, BACK_TO_BACK
+  INNER_CALLS, BACK_TO_BACK = args.inner, args.back_to_back
   start = time.time()
   device = jax.devices()[0]
   report = dict(command="PYTHONPATH=. python " + " ".join(sys.argv),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=f"{device.device_kind} ({device.platform})", jax=jax.__version__, host=platform.node(),
-                compiler_options=args.compiler_options,
+                compiler_options=args.compiler_options, back_to_back=args.back_to_back, inner=args.inner,
                 results=[], variants={}, checks=[], skipped=[], breakdown=[], phases=[])
   report["copy"] = copy_bandwidth() if device.platform == "gpu" else {"jnp_elementwise_TBps": float("nan")}
   print("copy", report["copy"], flush=True)

@@ -25,9 +25,10 @@ case "${1:-}" in
     variants() { python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
                    --variants mosaic_wg4_lean_all,default,mosaic_wg4_lean_int4_keys --out "$out" "$@"; }
     variants --gpu-time --tag ${tag}_b60_variants
-    # 16 calls a dispatch, not 4: does the clock's ~100-130 µs a call over GPU time (s28, s30) fall as 1 / calls?
-    # (Not XLA updating command buffers: without them s30 saw the same.)
+    # The clock's ~500 µs a dispatch over GPU time (s28: at batch 8 and 60, 4 to 32 calls a dispatch; not XLA
+    # updating command buffers, s30): 16 calls a dispatch, and 8 dispatches sent before one wait
     variants --inner 16 --variants default --tag ${tag}_b60_variants_inner16
+    variants --back-to-back 8 --variants default --tag ${tag}_b60_variants_back_to_back
     # kernels without a data dependency (the pools' launches) run concurrently in the CUDA graph: the INT2
     # kernel, bound by its instructions, beside the 16-bit launch, bound by HBM (GPU span is the time then).
     # One call a dispatch, so that calls do not overlap each other as a step's dependent layers could not.
