@@ -8,6 +8,7 @@
 #                                                   # configuration (lean_all), the default (folded since s30),
 #                                                   # and folded with INT4's keys permuted (GPU time too), then
 #                                                   # again without command buffers
+#   bash benchmarks/kernel_experiments.sh overlap   # (s31) mix's GPU time serial / concurrent, and back to back
 #   bash benchmarks/kernel_experiments.sh step      # the 7B step at 32 x 100: the same three
 # (Run once on an H100 in session 30, when `default` was still lean_all and the folded one named apart.)
 set -euo pipefail
@@ -36,9 +37,18 @@ case "${1:-}" in
     variants "${one[@]}" --tag ${tag}_b60_serial
     variants "${one[@]}" --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' \
       --tag ${tag}_b60_concurrent ;;
+  overlap)  # (s31) the short form of `mix` for one scarce call: GPU time a call, serial and concurrent, and
+            # the clock with the host ahead; each run capped so the call ends in time
+    within() { local t=$1; shift; timeout "$t" python benchmarks/decode_attention.py --variant-shape 60,32768 \
+                 --no-sweep --out "$out" "$@" || echo "(stopped: $*)"; }
+    one=(--inner 1 --gpu-time --variants default,mosaic_wg4_lean_int4_keys)
+    within 170 "${one[@]}" --variant-plans mix,int2 --tag ${tag}_b60_serial
+    within 110 "${one[@]}" --variant-plans mix --tag ${tag}_b60_concurrent \
+      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}'
+    within 70 --variants default --variant-plans mix --back-to-back 8 --tag ${tag}_b60_back_to_back ;;
   step)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas:mosaic_wg4_lean_all pallas pallas:mosaic_wg4_lean_int4_keys \
       --methods windowquant fp16 rtn4 rtn2 --out "$out" --budget-s 480 --tag ${tag}_kernels ;;
-  *) echo "usage: $0 kernels|mix|step" >&2; exit 2 ;;
+  *) echo "usage: $0 kernels|mix|overlap|step" >&2; exit 2 ;;
 esac

@@ -9,7 +9,7 @@ set -euo pipefail
 out=${OUT:-benchmarks/results}
 tag=${TAG:-s29}
 run() { XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 32x100 \
-          --attention pallas --methods fp16 windowquant --out "$out" --budget-s 420 "$@"; }
+          --attention pallas --methods fp16 windowquant --out "$out" --budget-s ${BUDGET:-420} "$@"; }
 types="FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"
 case "${1:-}" in
   state) run --undonated --xla-options 'nographs={"xla_gpu_enable_command_buffer": ""}' --tag ${tag}_state ;;
