@@ -125,6 +125,26 @@ def test_each_step_donates_the_loop_state(model, videos):
   assert int(after.index) == 2 and int(after.count) == 4
 
 
+def test_xla_options_compile_the_step_and_bad_ones_are_refused_first(model, videos, monkeypatch):
+  kw = dict(method="rtn2", num_frames=FRAMES, max_new_tokens=4)
+  plain = wq_jax.generate(model, videos[1], PROMPT, **kw)
+  seen = []
+  jit = jax.jit
+  recording = lambda *a, **k: seen.append(k.get("compiler_options")) or jit(*a, **k)
+  monkeypatch.setattr(generate_module.jax, "jit", recording)
+  generate_module._jitted.cache_clear()
+  concurrent = wq_jax.generate(model, videos[1], PROMPT, xla_options=generate_module.CONCURRENT_KERNELS, **kw)
+  generate_module._jitted.cache_clear()
+  assert generate_module.CONCURRENT_KERNELS in seen  # the step's jit carries them (a CPU ignores this one)
+  np.testing.assert_array_equal(concurrent.token_ids, plain.token_ids)
+  prefills = []
+  monkeypatch.setattr(generate_module, "prefill_requests", lambda *a, **k: prefills.append(1))
+  with pytest.raises(Exception, match="xla_gpu_command_buffer_scheduling_mode"):
+    wq_jax.generate(model, videos[1], PROMPT, xla_options={"xla_gpu_command_buffer_scheduling_mode": "SOMETIMES"},
+                    **kw)
+  assert not prefills  # refused before any work
+
+
 class CompileCounter(logging.Handler):
   def __init__(self):
     super().__init__()

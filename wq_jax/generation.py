@@ -59,7 +59,7 @@ class Generation:
 def generate(params: Model, video, prompt, *, method: str = "windowquant", config=None,
              num_frames: int | None = None, max_new_tokens: int = 64, attention: str = "xla",
              norms: str = "xla", return_logits: bool = False, temperature: float = 0.0, top_p: float = 1.0,
-             seed: int = 0, mesh=None) -> Generation:
+             seed: int = 0, mesh=None, xla_options: dict | None = None) -> Generation:
   """Answers `prompt` about `video` (a path, uint8 [T, H, W, 3], or a list of frames).
 
   A list of videos with a list of prompts is one batch. `method` is a name from
@@ -71,6 +71,9 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   `mesh` (`wq_jax.parallel.data_mesh()`), the batch is split across its 'data'
   axis (padded with copies of the last request, whose results are dropped);
   place the weights once with `wq_jax.parallel.replicate(model, mesh)`.
+  `xla_options`: XLA options of the decode step's compilation, e.g.
+  `wq_jax.generation.CONCURRENT_KERNELS` (a layer's attention launches side by
+  side on the GPU; faster on an H200, session 31; opt-in).
   """
   model = params
   if not isinstance(model, Model):
@@ -78,6 +81,7 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
   _check_norms(norms, mesh)  # before the prefill, not after it
+  _check_xla_options(xla_options)
   videos, prompts = as_batch(video, prompt)
   videos, prompts, real = parallel.pad_requests(videos, prompts, parallel.data_size(mesh))
   spec, config = methods.resolve(method, config)
@@ -92,7 +96,8 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   start = time.perf_counter()
   tokens, count, step_logits = decode_call(
       model, built.cache, first_logits, next_positions, steps=max_new_tokens, eos_ids=eos, attention=attention,
-      norms=norms, mesh=mesh, seed=seed, temperature=temperature, top_p=top_p, return_logits=return_logits)()
+      norms=norms, mesh=mesh, seed=seed, temperature=temperature, top_p=top_p, return_logits=return_logits,
+      xla_options=xla_options)()
   tokens = np.asarray(tokens)[:real]
   timings["decode_s"] = time.perf_counter() - start
   count = int(count)
@@ -257,11 +262,29 @@ def _steps(params, cache, state: LoopState, eos_ids, next_positions, temperature
 # One jitted step a token, called from Python: inside a `lax.while_loop` the same step took 4.8 ms
 # longer on an H200 (7B, batch 1; benchmarks/results/decode_step_parts_b1_t64_whileloop_gpu.md: XLA ran the
 # loop's body kernel by kernel, not as a CUDA graph), and the loop's state copied the whole cache. The state
-# is donated from step to step. `_jitted_steps` (`steps_per_call` > 1) is that device loop again, the cache
+# is donated from step to step. `_jitted(True)` (`steps_per_call` > 1) is that device loop again, the cache
 # outside its state, for benchmarks to time under XLA's options for graphs of loops.
 _STEP_STATICS = ("cfg", "implementation", "greedy", "norms", "return_logits")
-_jitted_step = jax.jit(_step, static_argnames=_STEP_STATICS, donate_argnums=(2,))
-_jitted_steps = jax.jit(_steps, static_argnames=(*_STEP_STATICS, "per_call"), donate_argnums=(2,))
+
+# XLA options for the decode step (`decode_call(xla_options=...)`, `generate(xla_options=...)`): the CUDA graph
+# scheduled by data conflicts, so that a layer's pool launches (16-bit windows in Triton, INT2 and INT4 pools in
+# Mosaic GPU), which read different pools and write different partials, run side by side: the INT2 kernel is
+# bound by its instructions, the 16-bit one by HBM. On an H200 (session 31, same runs): attention at batch 60 x
+# 32k 530 -> 477 µs, the 7B step at 32 x 100 7.76 -> 7.56 ms. Opt-in until a GPU run checks the step's tokens
+# under it (the attention call's were: the same error against XLA's path).
+CONCURRENT_KERNELS = {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted(loop_on_device: bool, options: tuple = ()):
+  """The jitted step (or steps a call), with XLA `options` as sorted (name, value) pairs; one jit each, so
+  that jit's own cache keeps their compilations."""
+  function, statics = (_steps, (*_STEP_STATICS, "per_call")) if loop_on_device else (_step, _STEP_STATICS)
+  return jax.jit(function, static_argnames=statics, donate_argnums=(2,), compiler_options=dict(options) or None)
+
+
+def _option_items(options: dict | None) -> tuple:
+  return tuple(sorted((options or {}).items()))
 _EOS_CHECK_EVERY = 8  # steps between the flags "every request has ended" the host reads
 # Steps dispatched after a flag's before the host reads it: a read of the newest state would wait for the GPU to
 # finish every step it was sent, and it would idle while the host sent the next (session 28's profile).
@@ -282,7 +305,7 @@ class DecodeLoop:
 
   @property
   def jitted_step(self):
-    return _jitted_step if self.per_call == 1 else _jitted_steps
+    return _jitted(self.per_call > 1, _option_items(self.static.get("xla_options")))
 
   @property
   def step_options(self) -> dict:
@@ -350,8 +373,9 @@ class DecodeCall(NamedTuple):
                         (params, cache, state, eos_ids, next_positions, temperature, top_p))
     loop = DecodeLoop(self.static)
     function = _step if loop.per_call == 1 else _steps
-    step = loop.jitted_step if donate_state else jax.jit(function, static_argnames=tuple(loop.step_options))
-    compiled = step.lower(*args, **loop.step_options).compile(compiler_options=compiler_options)
+    step = jax.jit(function, static_argnames=tuple(loop.step_options), donate_argnums=(2,) if donate_state else ())
+    options = {**(self.static.get("xla_options") or {}), **(compiler_options or {})}
+    compiled = step.lower(*args, **loop.step_options).compile(compiler_options=options or None)
     return DecodeLoop(self.static, step=compiled)
 
 
@@ -364,8 +388,10 @@ def _check_norms(norms: str, mesh) -> None:
 
 def decode_call(model: Model, cache, first_logits, next_positions, *, steps: int, eos_ids, attention: str = "xla",
                 norms: str = "xla", mesh=None, seed: int = 0, temperature: float = 0.0, top_p: float = 1.0,
-                return_logits: bool = False, steps_per_call: int = 1) -> DecodeCall:
+                return_logits: bool = False, steps_per_call: int = 1, xla_options: dict | None = None) -> DecodeCall:
   """`steps` tokens a request from the cache, stopping early once every request has emitted one of `eos_ids`.
+
+  `xla_options`: XLA options of the step's compilation (e.g. `CONCURRENT_KERNELS`), checked here by name.
 
   `steps_per_call` > 1 makes that many steps a call of the compiled step, in a loop on the device (for
   benchmarks: with command buffers XLA's defaults leave out of loops, it ran slower than a call a step).
@@ -377,8 +403,15 @@ def decode_call(model: Model, cache, first_logits, next_positions, *, steps: int
             jax.random.PRNGKey(seed), jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p))
   static = {"cfg": model.config.text, "steps": steps, "implementation": _attention_for(attention, mesh),
             "return_logits": return_logits, "greedy": temperature <= 0, "norms": norms,
-            "steps_per_call": steps_per_call}
+            "steps_per_call": steps_per_call, "xla_options": dict(xla_options or {})}
+  _check_xla_options(xla_options)
   return DecodeCall(arrays, static)
+
+
+def _check_xla_options(options: dict | None) -> None:
+  """XLA refuses an unknown option's name or value by name (INVALID_ARGUMENT): here, not at the first step."""
+  if options:
+    jax.jit(lambda x: x).lower(jnp.int32(0)).compile(compiler_options=dict(options))
 
 
 def high_precision_bytes(cache) -> int:
