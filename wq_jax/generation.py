@@ -285,6 +285,8 @@ def _jitted(loop_on_device: bool, options: tuple = ()):
 
 def _option_items(options: dict | None) -> tuple:
   return tuple(sorted((options or {}).items()))
+
+
 _EOS_CHECK_EVERY = 8  # steps between the flags "every request has ended" the host reads
 # Steps dispatched after a flag's before the host reads it: a read of the newest state would wait for the GPU to
 # finish every step it was sent, and it would idle while the host sent the next (session 28's profile).
