@@ -1,0 +1,30 @@
+"""benchmarks/decode_attention.py's timing: how many calls a timed repeat makes, and what it divides by."""
+import jax.numpy as jnp
+
+from benchmarks import decode_attention as da
+
+
+def counting(calls):
+  def compiled(inputs, queries):
+    calls.append(len(queries))
+    return [(jnp.zeros(2), jnp.zeros(2)) for _ in queries]
+  return compiled
+
+
+def test_back_to_back_sends_that_many_dispatches_a_repeat(monkeypatch):
+  calls = []
+  monkeypatch.setattr(da, "BACK_TO_BACK", 4)
+  seconds, _, finite, _ = da.bench(None, [()], [jnp.zeros(1)] * 3, repeats=5, compiled=counting(calls))
+  assert len(calls) == 1 + 5 * 4 and set(calls) == {3}  # a warm-up, then 5 repeats of 4 dispatches of 3 calls
+  assert finite and seconds > 0
+  calls.clear()
+  monkeypatch.setattr(da, "BACK_TO_BACK", 0)
+  da.bench(None, [()], [jnp.zeros(1)] * 3, repeats=5, compiled=counting(calls))
+  assert len(calls) == 1 + 5
+
+
+def test_inner_calls_is_about_2_ms_of_work_unless_fixed(monkeypatch):
+  assert da.inner_calls(int(3e12 * 1e-3)) == 2  # 1 ms of bytes at 3 TB/s (+5 µs)
+  assert da.inner_calls(10) == 32 and da.inner_calls(int(1e12)) == 1
+  monkeypatch.setattr(da, "INNER_CALLS", 16)
+  assert da.inner_calls(10) == 16 and da.inner_calls(int(1e12)) == 16
