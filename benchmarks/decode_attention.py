@@ -458,6 +458,7 @@ VARIANTS = {
     "mosaic_wg4_lean_all": qd.MOSAIC_LEAN_ALL,  # s28's kernel winners for INT2, INT4 and KIVI's pools
     "mosaic_wg4_lean_folded": qd.MOSAIC_LEAN_FOLDED,  # that, the magic number folded into the minimums (s30)
     "mosaic_wg4_lean_int4_keys": qd.MOSAIC_LEAN_INT4_KEYS,  # that, and INT4 pools' keys permuted (s30)
+    "mosaic_wg4_lean_eight": qd.MOSAIC_LEAN_EIGHT,  # the folded one, its softmax on 8 columns (s31)
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=tuple(mi.VARIANTS["deferred_values_first_block2"].items())),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)

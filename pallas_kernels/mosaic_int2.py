@@ -765,7 +765,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 values_scaled_after: bool = False, in_place_values: bool = False, ldmatrix_metadata: bool = False,
                 metadata_in_thread_order: bool = False, values_in_registers: bool = False,
                 fetch_by_one_warp: bool = False, permuted_keys: bool = False, values_per_token: bool = False,
-                folded_minimums: bool = False, max_windows: int | None = None, range_params=None):
+                folded_minimums: bool = False, eight_column_softmax: bool = False,
+                max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -845,6 +846,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   magic number is folded into the minimum once a window and channel pair (m - magic x s, one f16x2 fma), so a
   pair of codes takes a LOP3 and an fma, no subtraction: 64 subtractions a thread and step for 24 fmas and 16
   shifts (untimed; the folded minimum's f16 rounding adds at most s / 32 a window and channel).
+  `eight_column_softmax` (with `dequantize_keys` and `lagged_max`): with the keys dequantized a score is q . k in
+  either window, so the softmax runs on the score accumulator's first 8 columns for all 64 rows (a value slice)
+  where it ran on 16 with half of them masked: 4 of a thread's 8 subtractions, exp2, vote compares and row-sum
+  terms a step, and no mask (a range's windows past its count are masked by row). P is stored 16 wide, its
+  columns 8-15 zero, so O^T's columns 8-15 and their m and l come out empty (-1e30, 0: splits the merge
+  weighs by zero). Untimed (s31).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -879,6 +886,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError("permuted_keys: with dequantize_keys and magic_exponents, the metadata in channel order")
   if folded_minimums and not (permuted_keys or values_in_registers):
     raise ValueError("folded_minimums: the register paths', with permuted_keys or values_in_registers")
+  if eight_column_softmax and not (dequantize_keys and lagged_max):
+    raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
+                     "lagged_max")
   if values_per_token:
     if v_scale.shape != (n, tokens, HEAD_DIM // 32) or v_min.shape != v_scale.shape:
       raise ValueError(f"values_per_token: v_scale and v_min [N, T, {HEAD_DIM // 32}] (a token's groups of 32 "
@@ -1009,6 +1019,27 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     first_half = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 1, layout=layout.WGMMA) < COLUMNS // 2
     own_window = (row < WINDOW) == first_half
     column_window = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 1, layout=layout.WGMMA) // (COLUMNS // 2)
+    # `eight_column_softmax`: the softmax's columns (8 heads, both windows) and what widens them back to 16
+    soft = COLUMNS // 2 if eight_column_softmax else COLUMNS
+    row_window = plgpu.broadcasted_iota(jnp.int32, (STEP, soft), 0, layout=layout.WGMMA) // WINDOW
+
+    def wide_p(p):  # P [64, soft] -> [64, 16] f16, columns 8-15 zero (the V wgmma's B is 16 wide)
+      if soft == COLUMNS:
+        return p.astype(jnp.float16)
+      zeros = plgpu.layout_cast(jnp.zeros((STEP, COLUMNS - soft), jnp.float32), layout.WGMMA)
+      return jnp.concatenate([p, zeros], axis=1).astype(jnp.float16)
+
+    def wide_alpha(alpha):  # alpha [soft] -> broadcast over O^T [128, 16] (columns 8-15 are zero: times 1)
+      if soft == COLUMNS:
+        return lax.broadcast_in_dim(alpha, (HEAD_DIM, COLUMNS), [1])
+      ones = plgpu.layout_cast(jnp.ones((HEAD_DIM, COLUMNS - soft), jnp.float32), layout.WGMMA)
+      return jnp.concatenate([lax.broadcast_in_dim(alpha, (HEAD_DIM, soft), [1]), ones], axis=1)
+
+    def wide_columns(x, fill):  # m or l [soft] -> [16]: columns 8-15 empty
+      if soft == COLUMNS:
+        return x
+      rest = plgpu.layout_cast(jnp.full((COLUMNS - soft,), fill, jnp.float32), layout.WGMMA.reduce(0))
+      return jnp.concatenate([x, rest])
     token = plgpu.broadcasted_iota(jnp.int32, (STEP, width), 0, layout=layout.WGMMA)
 
     def window_biases(kmin_s, qr_s):  # `bias_in_kernel`: bias_s row j = window start + first_window + j
@@ -1150,7 +1181,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       v_operand = values_t if transposed_values else v_s.transpose((1, 0))
       if dequantize_keys:  # kb_s holds the minimums, already in the keys; a range masks past its count
         past = first_window + 2 * index  # the step's first window, from the range's start
-        s = jnp.where(own_window & (column_window < count - past) if ranged else own_window, s, _NEG)
+        if eight_column_softmax:  # both windows' rows in columns 0-7: nothing to mask but a range's end
+          s = s[:, :soft]
+          s = jnp.where(row_window < count - past, s, _NEG) if ranged else s
+        else:
+          s = jnp.where(own_window & (column_window < count - past) if ranged else own_window, s, _NEG)
       else:
         bias = [lax.broadcast_in_dim(plgpu.load(kb_s.at[w], layout=layout.WGMMA.reduce(0)), s.shape, [1])
                 for w in range(2)]  # columns 0-7 from the first window's row, 8-15 from the second's
@@ -1164,9 +1199,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       # Row sums are kept a thread's rows apart and reduced once at the end: no exchange between warps.
       l_rows = l_rows * lax.broadcast_in_dim(alpha, s.shape, [1]) + p
       if in_place and not rescale_on_vote:
-        o_acc[...] = o_acc[...] * lax.broadcast_in_dim(alpha, (HEAD_DIM, COLUMNS), [1])
+        o_acc[...] = o_acc[...] * wide_alpha(alpha)
       elif not in_place:
-        acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1])
+        acc = acc * wide_alpha(alpha)
       if not lagged_max:
         p_s[...] = p.astype(jnp.float16)
         plgpu.commit_smem()
@@ -1198,7 +1233,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       against it and 2^(m_run - maximum). P is in p_s, fenced."""
       limit = lax.broadcast_in_dim(m_run + LAG_MARGIN, s.shape, [1])
       p = jnp.exp2(s - lax.broadcast_in_dim(m_run, s.shape, [1]))
-      p_s[...] = p.astype(jnp.float16)
+      p_s[...] = wide_p(p)
       if interpret is None:  # each warp's vote in shared memory; P's barrier publishes both
         _vote_by_warp(s, limit, votes)
         plgpu.commit_smem()
@@ -1211,21 +1246,21 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         m_new = jnp.maximum(m_run, column_max(s))
         alpha = jnp.exp2(m_run - m_new)
         if rescale_on_vote:  # the accumulator's last wgmma was waited for at the step's start
-          o_acc[...] = o_acc[...] * lax.broadcast_in_dim(alpha, (HEAD_DIM, COLUMNS), [1])
+          o_acc[...] = o_acc[...] * wide_alpha(alpha)
         p_new = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
-        p_s[...] = p_new.astype(jnp.float16)
+        p_s[...] = wide_p(p_new)
         plgpu.commit_smem()
         return m_new, p_new, alpha
       # No vote: alpha is 1, not 2^(m_run - m_run) (s25 SASS: 20 instructions a step went to that)
-      unchanged = plgpu.layout_cast(jnp.ones((COLUMNS,), jnp.float32), layout.WGMMA.reduce(0))
+      unchanged = plgpu.layout_cast(jnp.ones((soft,), jnp.float32), layout.WGMMA.reduce(0))
       return lax.cond(over, reduce_and_redo, lambda: (m_run, p, unchanged))
 
     def run_loop(accumulator=None):  # accumulator: O^T's wgmma accumulator where it accumulates in place
       nonlocal o_acc
       o_acc = accumulator
       init = (None if in_place else plgpu.layout_cast(jnp.zeros((HEAD_DIM, COLUMNS), jnp.float32), layout.WGMMA),
-              plgpu.layout_cast(jnp.full((COLUMNS,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
-              plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
+              plgpu.layout_cast(jnp.full((soft,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
+              plgpu.layout_cast(jnp.zeros((STEP, soft), jnp.float32), layout.WGMMA))
       if ranged:  # element offsets: the range may start at an odd window; a dynamic trip count
         codes = lambda: plgpu.BlockSpec((pl.Element(STEP * spb), packed),
                                         lambda s: (WINDOW * start + STEP * spb * (begin + s), 0),
@@ -1301,8 +1336,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         _store_in_channel_order(acc, o_s)
       else:
         o_s[...] = acc
-      ml_s[0] = m_run
-      ml_s[1] = column_sum(l_rows)
+      ml_s[0] = wide_columns(m_run, _NEG)
+      ml_s[1] = wide_columns(column_sum(l_rows), 0.0)
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(o_s, o_g.at[pair, split])
       plgpu.copy_smem_to_gmem(ml_s.at[0], m_g.at[pair, split])
@@ -1523,6 +1558,10 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # the lean kernel (s28's INT2 winner), its minimums folded: no subtraction a pair of codes (untimed)
     "wg4_large_batch_ftz_lean_folded": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
                                             fetch_by_one_warp=True, folded_minimums=True),
+    # that, its softmax on 8 columns for both windows (`eight_column_softmax`; untimed, s31)
+    "wg4_large_batch_ftz_lean_folded_eight": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
+                                                  fetch_by_one_warp=True, folded_minimums=True,
+                                                  eight_column_softmax=True),
     # INT4's kernel (V^T, copies by one warp; no permuted keys), its values folded alike
     "wg4_large_batch_ftz_vregs_one_warp_fetch_folded": dict(_LARGE_BATCH, values_in_registers=True,
                                                             fetch_by_one_warp=True, folded_minimums=True),

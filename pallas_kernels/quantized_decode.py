@@ -294,6 +294,12 @@ MOSAIC_LEAN_FOLDED = dataclasses.replace(
 # `mosaic_sass_s30_int4.md`; on an H100 no faster, 287.3 µs against 287.8 at batch 60, where INT4 streams 92 % of
 # the copy bandwidth, `mosaic_int4_s30_h100.md`; untimed on an H200, where INT4 ran 3.08 TB/s of ~4.0).
 MOSAIC_LEAN_INT4_KEYS = dataclasses.replace(MOSAIC_LEAN_FOLDED, int4_permuted_keys=True)
+# The folded configuration with its softmax on 8 columns for both windows of a step (`eight_column_softmax`:
+# with the keys dequantized a score is q . k in either window, so the 8 columns a thread always masked go;
+# "pallas:mosaic_wg4_lean_eight"): 459 SASS in the INT2 main loop offline against 536 (FADD 52 -> 26, FMNMX
+# 32 -> 16; `mosaic_sass_s31_eight.md`). Untimed (s31): opt-in.
+MOSAIC_LEAN_EIGHT = dataclasses.replace(
+    MOSAIC_LEAN_FOLDED, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"].items()))
 # What the default runs for large launches (`for_launch`): MOSAIC_LEAN_FOLDED since session 30 (above), before it
 # MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
 # against 10.13, kivi2 9.04 against 12.94, kivi4 9.58 against 10.32, `decode_throughput_*_s28_lean_all_gpu.md`),

@@ -35,6 +35,7 @@
     "pallas:mosaic_wg4_lean_folded"  that, the magic number folded into the minimums: what "pallas" runs at
                                      large batches since s30 (the INT2 kernel 3-4 % faster on an H100)
     "pallas:mosaic_wg4_lean_int4_keys"  that, and INT4 pools' keys permuted as INT2's (no faster on an H100, s30)
+    "pallas:mosaic_wg4_lean_eight"  lean_folded with the softmax on 8 columns, not 16 half masked (untimed, s31)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -102,3 +103,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_wg4_lean_all", quantized_decode.MOSAIC_LEAN_ALL)
   register_variant("pallas:mosaic_wg4_lean_folded", quantized_decode.MOSAIC_LEAN_FOLDED)
   register_variant("pallas:mosaic_wg4_lean_int4_keys", quantized_decode.MOSAIC_LEAN_INT4_KEYS)
+  register_variant("pallas:mosaic_wg4_lean_eight", quantized_decode.MOSAIC_LEAN_EIGHT)

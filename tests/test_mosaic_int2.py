@@ -65,7 +65,9 @@ def test_orderings_match(interpret, option, value, bits):
                                      dict(bias_in_kernel=True, steps_per_block=2), dict(dequantize_keys=True),
                                      dict(dequantize_keys=True, steps_per_block=2),
                                      dict(dequantize_keys=True, lagged_max=True), dict(bits=4),
-                                     dict(bits=4, dequantize_keys=True, lagged_max=True)])
+                                     dict(bits=4, dequantize_keys=True, lagged_max=True),
+                                     dict(dequantize_keys=True, lagged_max=True, eight_column_softmax=True),
+                                     dict(bits=4, dequantize_keys=True, lagged_max=True, eight_column_softmax=True)])
 def test_a_range_of_the_pool(interpret, first, count, windows, splits, options):
   """A layer's windows of a shared pool: an odd first window, a count below the static bound (the splits
   share the count's steps; some get none), a bound running past the pool, a single window, no window."""
@@ -86,8 +88,8 @@ def test_a_range_of_the_pool(interpret, first, count, windows, splits, options):
 
 
 @pytest.mark.parametrize("spike", [None, 11])
-@pytest.mark.parametrize("dequantize_keys", [False, True])
-def test_lagged_maximum_follows_rising_scores(interpret, spike, dequantize_keys):
+@pytest.mark.parametrize("dequantize_keys,eight_column_softmax", [(False, False), (True, False), (True, True)])
+def test_lagged_maximum_follows_rising_scores(interpret, spike, dequantize_keys, eight_column_softmax):
   """`lagged_max`: scores rising 5 a step (in base 2; P against a stale maximum, up to 2^8 where within
   the margin, recomputed past it), and a window 60 above the rest: the same attention as the reference."""
   q, kc, ks, km, vc, vs, vm = random_case(9, 2, 16 * mi.WINDOW, 1)
@@ -96,7 +98,7 @@ def test_lagged_maximum_follows_rising_scores(interpret, spike, dequantize_keys)
     rise[spike] = 60.0
   direction = q[:, 0] / (q[:, 0] ** 2).sum(axis=1, keepdims=True)  # q . direction = 1
   km = (km + rise[None, :, None] * direction[:, None, :]).astype(np.float16)
-  options = dict(lagged_max=True, dequantize_keys=dequantize_keys)
+  options = dict(lagged_max=True, dequantize_keys=dequantize_keys, eight_column_softmax=eight_column_softmax)
   out = np.asarray(mi.attend(q, kc, ks, km, vc, vs, vm, splits=2, interpret=interpret,
                              options=tuple(options.items())))
   np.testing.assert_allclose(out, mi.reference(q, kc, ks, km, vc, vs, vm), atol=2e-3, rtol=0)
@@ -105,7 +107,8 @@ def test_lagged_maximum_follows_rising_scores(interpret, spike, dequantize_keys)
 @pytest.mark.parametrize("first,count,windows", [(None, None, None), (3, 29, 32), (5, 6, 12)])
 @pytest.mark.parametrize("faster", [{}, dict(dequantize_keys=True, lagged_max=True),
                                     dict(dequantize_keys=True, lagged_max=True, stages=3),
-                                    dict(dequantize_keys=True, lagged_max=True, values_scaled_after=True)])
+                                    dict(dequantize_keys=True, lagged_max=True, values_scaled_after=True),
+                                    dict(dequantize_keys=True, lagged_max=True, eight_column_softmax=True)])
 def test_four_warpgroups_a_cta(interpret, first, count, windows, faster):
   """Four programs a CTA (`warpgroups=4`: each its own buffers and pipeline): the whole pool (4 blocks a
   split, more than the pipeline's 2 slots), and ranges whose last splits get fewer blocks or none."""
@@ -173,7 +176,8 @@ def test_splits_and_window_parities_merge(interpret):
                                          "wg4_large_batch_ftz_s3", "wg4_large_batch_ftz_vregs",
                                          "wg4_large_batch_ftz_vregs_one_warp_fetch",
                                          "wg4_large_batch_ftz_vregs_permuted_keys",
-                                         "wg4_large_batch_ftz_lean_folded")),
+                                         "wg4_large_batch_ftz_lean_folded",
+                                         "wg4_large_batch_ftz_lean_folded_eight")),  # s31
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
                                           values_in_registers=True),
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
@@ -181,6 +185,11 @@ def test_splits_and_window_parities_merge(interpret):
                                      *(dict(mi.VARIANTS[name], ranged=True, bits=4) for name in (  # INT4, s27
                                          "wg4_large_batch_ftz_vregs", "wg4_large_batch_ftz_vregs_one_warp_fetch",
                                          "wg4_large_batch_ftz_int4_lean_folded")),  # s30
+                                     # s31: the 8-column softmax as INT4's and KIVI's pools take it (pool_options)
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"], ranged=True, bits=4,
+                                          permuted_keys=False),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"], ranged=True,
+                                          values_per_token=True, values_in_registers=False, folded_minimums=False),
                                      *(dict(mi.VARIANTS["wg4_large_batch_ftz_kivi"], ranged=ranged, bits=bits)
                                        for ranged in (False, True) for bits in (2, 4))])  # KIVI's values, s27
 def test_lowers_for_cuda(options):
@@ -318,6 +327,14 @@ def test_values_per_token_match(interpret, bits, options):
                                           vc[part], vs[part], vm[part]), atol=2e-3, rtol=0)
 
 
+def test_eight_column_softmax_needs_dequantized_keys_and_the_lagged_maximum():
+  case = random_case(0, 1, 128, 7)
+  for options in (dict(eight_column_softmax=True), dict(eight_column_softmax=True, lagged_max=True),
+                  dict(eight_column_softmax=True, dequantize_keys=True)):
+    with pytest.raises(ValueError, match="eight_column_softmax"):
+      mi.attend(*case, splits=1, options=tuple(options.items()))
+
+
 def test_values_per_token_are_refused_where_they_cannot_go():
   case = kivi_values(random_case(3, 1, 128, 7))
   for option in ("values_in_registers", "values_scaled_after", "ldmatrix_metadata"):
@@ -417,7 +434,8 @@ def test_bad_shapes_are_refused():
 # Configurations that differ from these only in options the interpret mode does not run (PDL's wait, O^T in place,
 # magic exponents, ldmatrix, registers for V^T) are held to their lowering for CUDA instead.
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
-                                     "int2_int4", "merged", "values_after", "ftz", "ftz_block2", "vregs_int4"])
+                                     "int2_int4", "merged", "values_after", "ftz", "ftz_block2", "vregs_int4",
+                                     "lean_eight"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -451,7 +469,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 lagged_max=qd.MOSAIC_LAGGED_MAX, int2_int4=qd.MOSAIC_INT2_INT4,
                 merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED, values_after=qd.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER,
                 ftz=qd.MOSAIC_FOUR_WARPGROUPS_FTZ, ftz_block2=qd.MOSAIC_FOUR_WARPGROUPS_FTZ_BLOCK2,
-                vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4)[variant]
+                vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, lean_eight=qd.MOSAIC_LEAN_EIGHT)[variant]
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
