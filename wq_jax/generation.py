@@ -413,7 +413,12 @@ def decode_call(model: Model, cache, first_logits, next_positions, *, steps: int
 def _check_xla_options(options: dict | None) -> None:
   """XLA refuses an unknown option's name or value by name (INVALID_ARGUMENT): here, not at the first step."""
   if options:
-    jax.jit(lambda x: x).lower(jnp.int32(0)).compile(compiler_options=dict(options))
+    _compile_with(_option_items(options))
+
+
+@functools.lru_cache(maxsize=None)
+def _compile_with(options: tuple) -> None:  # once an option set: generate and decode_call both check
+  jax.jit(lambda x: x).lower(jnp.int32(0)).compile(compiler_options=dict(options))
 
 
 def high_precision_bytes(cache) -> int:
