@@ -93,7 +93,8 @@ TINY_SETTINGS = ["3x12", "1x24"]  # 3 and 6 windows of 32 visual tokens (9 a fra
 
 COLUMNS = ["setting", "method", "attention", "ms_step", "tok_s", "floor_ms", "step_over_floor",
            "speedup_vs_fp16", "byte_speedup", "achieved", "vs_fp16_attention", "cache_MB", "fp16_equiv_MB",
-           "weights_MB", "windows_16_4_2", "in_use_GB", "peak_GB", "loop_temp_MB", "compile_s", "host_ms"]
+           "weights_MB", "windows_16_4_2", "in_use_GB", "peak_GB", "loop_temp_MB", "compile_s", "host_ms",
+           "tokens_as_plain"]
 CAPACITY_COLUMNS = ["method", "frames", "cache_MB_per_request", "workspace_MB_per_request", "workspace_MB_fixed",
                     "free_GB", "max_batch", "prefill_admits_batch", "cache_MB_per_frame", "max_frames_memory",
                     "max_frames_context", "verified_batch", "verified"]
@@ -226,7 +227,7 @@ def time_loop(model, prefilled, job: Job, compiled, steps: int, repeats: int) ->
   in_use = _stat("bytes_in_use")
   call = generation.decode_call(model, cache, logits, positions, steps=steps, eos_ids=NO_EOS,
                                 attention=job.attention, norms=job.norms)
-  _, made, _ = jax.block_until_ready(compiled(*call.arrays))
+  tokens, made, _ = jax.block_until_ready(compiled(*call.arrays))
   if int(made) != steps:
     raise RuntimeError(f"the loop made {int(made)} of {steps} tokens")
   times, host = [], []
@@ -237,6 +238,7 @@ def time_loop(model, prefilled, job: Job, compiled, steps: int, repeats: int) ->
     times.append(time.perf_counter() - start)
   memory = compiled.memory_analysis()
   return {"loop_s": statistics.median(times), "loop_times_s": times, "host_s": statistics.median(host),
+          "tokens": np.asarray(tokens),
           "cache_bytes": cache.nbytes,
           "fp16_equiv_bytes": generation.high_precision_bytes(cache), "in_use_bytes": in_use,
           "peak_bytes": _stat("peak_bytes_in_use"), "temp_bytes": getattr(memory, "temp_size_in_bytes", None)}
@@ -280,6 +282,7 @@ class Report:
   def __init__(self, tag: str, title: str, device: dict, out_dir: Path | None):
     self.tag, self.title, self.device, self.out_dir = tag, title, device, out_dir
     self.rows, self.capacity, self.sweeps, self.skipped = [], [], [], []
+    self.tokens = {}  # (setting, method, attention): the plain loop's greedy tokens [B, steps]
 
   def notes(self) -> str:
     d = self.device
@@ -294,7 +297,9 @@ class Report:
         ("- ms_step: median decode-loop time / (steps - 1) after a warm-up call (the first token comes from "
          "the prefill logits); tok_s = batch / step; floor = (weights + cache bytes) / copy bandwidth; "
          "host_ms: the median time the host spends in a call of the compiled step (one step, or K where [K steps a "
-         "call]; it returns once the work is enqueued: where it nears the calls' GPU time, the host paces the loop)"),
+         "call]; it returns once the work is enqueued: where it nears the calls' GPU time, the host paces the loop); "
+         "tokens_as_plain: where a row's loop differs from its method and attention's plain one (XLA options, "
+         "steps a call, norms, donation), the fraction of its greedy tokens equal to the plain loop's"),
         ("- speedup_vs_fp16: fp16's step / this step, same setting and attention, else fp16 under the "
          "first attention asked for (C runs under xla only; a method is not timed again under a "
          "pallas:mosaic_* path that serves none of its pools: fp16, KIVI but under a KIVI one, rtn4 but under "
@@ -452,6 +457,13 @@ def main_rows(model, prefills, built, setting: Setting, args, device, budget, re
                in_use_GB=_gb(t["in_use_bytes"]), peak_GB=_gb(t["peak_bytes"]), loop_temp_MB=_mb(t["temp_bytes"]),
                compile_s=t["compile_s"], loop_times_s=t["loop_times_s"], steps=args.steps,
                host_ms=1e3 * t["host_s"])
+    # a loop under other XLA options (or steps a call, norms, donation) makes the same greedy tokens as the
+    # plain one of its method and attention, timed first: the fraction equal
+    plain = (setting.name, m, job.attention)
+    if job.label["attention"] == job.attention:
+      report.tokens[plain] = t["tokens"]
+    elif plain in report.tokens:
+      row["tokens_as_plain"] = float(np.mean(report.tokens[plain] == t["tokens"]))
     report.rows.append(row)
     # An XLA-only layout (C) is compared with fp16 under the same attention where it ran, else under the
     # first one asked for: what it would replace.

@@ -10,6 +10,10 @@
 #                                                   # too); then the default and eight with concurrent graphs
 #   bash benchmarks/kernel_experiments.sh overlap   # (s31) the short form: serial / concurrent, back to back
 #   bash benchmarks/kernel_experiments.sh step      # the 7B step at 32 x 100: the default against eight
+#   bash benchmarks/kernel_experiments.sh bars      # (s32) issue 5's 32k rows at batch 60 and 8 under the
+#                                                   # concurrent graph, a call a dispatch (calls cannot overlap
+#                                                   # each other), many dispatches before a wait, cudnn beside;
+#                                                   # the variants first (the fastest runs the row), GPU time too
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
@@ -43,5 +47,14 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_wg4_lean_eight \
       --methods windowquant fp16 rtn4 rtn2 --out "$out" --budget-s 480 --tag ${tag}_kernels ;;
-  *) echo "usage: $0 kernels|mix|overlap|step" >&2; exit 2 ;;
+  bars)
+    within() { local t=$1; shift; timeout "$t" python benchmarks/decode_attention.py --tokens 32768 --plans mix \
+                 --inner 1 --gpu-time --out "$out" \
+                 --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' "$@" \
+                 || echo "(stopped: $*)"; }
+    within 250 --variant-shape 60,32768 --variant-plans mix,int2 --variants default,mosaic_wg4_lean_eight \
+      --batches 60 --back-to-back 32 --tag ${tag}_b60_bars
+    within 230 --variant-shape 8,32768 --variants default,mosaic_wg4_lean_folded,mosaic_wg4_lean_eight \
+      --batches 8 --back-to-back 64 --tag ${tag}_b8_bars ;;
+  *) echo "usage: $0 kernels|mix|overlap|step|bars" >&2; exit 2 ;;
 esac

@@ -86,6 +86,10 @@ def test_xla_options_time_each_loop_again_in_the_same_run(tmp_path):
   # Each variant is compared with fp16 compiled the same way.
   assert rows["windowquant", "xla [graphs]"]["speedup_vs_fp16"] == pytest.approx(
       rows["fp16", "xla [graphs]"]["ms_step"] / rows["windowquant", "xla [graphs]"]["ms_step"])
+  # and its greedy tokens with the plain loop's (the same computation, so all of them)
+  assert "tokens_as_plain" not in rows["windowquant", "xla"]
+  assert rows["windowquant", "xla [graphs]"]["tokens_as_plain"] == 1.0
+  assert rows["fp16", "xla [state not donated]"]["tokens_as_plain"] == 1.0
   md = (tmp_path / f"decode_throughput_tiny_o_{jax.default_backend()}.md").read_text()
   assert "not a valid enum value" in md  # an option XLA refuses skips its rows, named, and the run goes on
 
