@@ -297,17 +297,21 @@ MOSAIC_LEAN_INT4_KEYS = dataclasses.replace(MOSAIC_LEAN_FOLDED, int4_permuted_ke
 # The folded configuration with its softmax on 8 columns for both windows of a step (`eight_column_softmax`:
 # with the keys dequantized a score is q . k in either window, so the 8 columns a thread always masked go;
 # "pallas:mosaic_wg4_lean_eight"): 459 SASS in the INT2 main loop offline against 536 (FADD 52 -> 26, FMNMX
-# 32 -> 16; `mosaic_sass_s31_eight.md`). Untimed (s31): opt-in.
+# 32 -> 16; `mosaic_sass_s31_eight.md`). Timed on an H100 (s32, same runs; the error against XLA's path the
+# same, 3.8e-3): the batch-60 x 32k mix 568.1 µs against 582.9, all-INT2 365.9 against 385.8
+# (`decode_attention_s32_b60_bars_h100.md`); the 7B step at 32 x 100 9.107 ms against 9.260, 8.986 against 9.131
+# with the concurrent graph (`decode_throughput_*_s32_step_h100.md`). The large-batch default since session 32.
 MOSAIC_LEAN_EIGHT = dataclasses.replace(
     MOSAIC_LEAN_FOLDED, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"].items()))
-# What the default runs for large launches (`for_launch`): MOSAIC_LEAN_FOLDED since session 30 (above), before it
+# What the default runs for large launches (`for_launch`): MOSAIC_LEAN_EIGHT since session 32, MOSAIC_LEAN_FOLDED
+# in sessions 30-31 (above), before it
 # MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
 # against 10.13, kivi2 9.04 against 12.94, kivi4 9.58 against 10.32, `decode_throughput_*_s28_lean_all_gpu.md`),
 # with the launches' partials merged in one Pallas launch
 # (`combine_with_heads_last_kernel`) where XLA takes five or more small kernels a layer. The merged combine: 9.98
 # ms against 10.09 with XLA's merge at 32 x 100 (session 24); for two Mosaic launches (INT2 and INT4 pools) it
 # replaces a transposed, concatenated copy and the combine kernel (~40 µs of 545 at batch 60 x 32k, mix; untimed).
-LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_LEAN_FOLDED, k) for k in (
+LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_LEAN_EIGHT, k) for k in (
     "mosaic_programs_per_multiprocessor", "mosaic_options", "fused_combine", "mosaic_min_splits", "int4_mosaic",
     "kivi_mosaic")}
 LARGE_BATCH_BITS = (2, 4) if LARGE_BATCH_MOSAIC["int4_mosaic"] else (2,)  # the widths its launches serve

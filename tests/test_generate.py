@@ -127,15 +127,17 @@ def test_each_step_donates_the_loop_state(model, videos):
 
 def test_xla_options_compile_the_step_and_bad_ones_are_refused_first(model, videos, monkeypatch):
   kw = dict(method="rtn2", num_frames=FRAMES, max_new_tokens=4)
-  plain = wq_jax.generate(model, videos[1], PROMPT, **kw)
   seen = []
   jit = jax.jit
   recording = lambda *a, **k: seen.append(k.get("compiler_options")) or jit(*a, **k)
   monkeypatch.setattr(generate_module.jax, "jit", recording)
   generate_module._jitted.cache_clear()
-  concurrent = wq_jax.generate(model, videos[1], PROMPT, xla_options=generate_module.CONCURRENT_KERNELS, **kw)
+  plain = wq_jax.generate(model, videos[1], PROMPT, xla_options={}, **kw)  # XLA's own defaults
+  assert seen == [None]
+  concurrent = wq_jax.generate(model, videos[1], PROMPT, **kw)  # the library's: DEFAULT_XLA_OPTIONS
   generate_module._jitted.cache_clear()
-  assert generate_module.CONCURRENT_KERNELS in seen  # the step's jit carries them (a CPU ignores this one)
+  assert generate_module.DEFAULT_XLA_OPTIONS == generate_module.CONCURRENT_KERNELS
+  assert seen[-1] == generate_module.CONCURRENT_KERNELS  # the step's jit carries them (a CPU ignores this one)
   np.testing.assert_array_equal(concurrent.token_ids, plain.token_ids)
   prefills = []
   monkeypatch.setattr(generate_module, "prefill_requests", lambda *a, **k: prefills.append(1))

@@ -323,7 +323,9 @@ def kivi_values(case, seed=1):
 @pytest.mark.parametrize("bits", [2, 4])
 @pytest.mark.parametrize("options", [dict(), dict(dequantize_keys=True, lagged_max=True, warpgroups=2,
                                                   overlap_values=False, magic_exponents=True),
-                                     dict(defer_values_wgmma=True, overlap_values=False)])
+                                     dict(defer_values_wgmma=True, overlap_values=False),
+                                     dict(dequantize_keys=True, lagged_max=True, warpgroups=2, overlap_values=False,
+                                          magic_exponents=True, eight_column_softmax=True)])  # the default's (s32)
 def test_values_per_token_match(interpret, bits, options):
   """KIVI's values (a scale and minimum a token and group of 32 channels) give the attention of the dequantized
   cache; the reference's per-token reading matters (a window's reading of the same numbers is far off)."""

@@ -71,9 +71,9 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   `mesh` (`wq_jax.parallel.data_mesh()`), the batch is split across its 'data'
   axis (padded with copies of the last request, whose results are dropped);
   place the weights once with `wq_jax.parallel.replicate(model, mesh)`.
-  `xla_options`: XLA options of the decode step's compilation, e.g.
-  `wq_jax.generation.CONCURRENT_KERNELS` (a layer's attention launches side by
-  side on the GPU; faster on an H200, session 31; opt-in).
+  `xla_options`: XLA options of the decode step's compilation; None takes
+  `DEFAULT_XLA_OPTIONS` (`CONCURRENT_KERNELS`: a layer's attention launches
+  side by side on the GPU), `{}` none of them.
   """
   model = params
   if not isinstance(model, Model):
@@ -81,7 +81,7 @@ def generate(params: Model, video, prompt, *, method: str = "windowquant", confi
   if max_new_tokens < 1:
     raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
   _check_norms(norms, mesh)  # before the prefill, not after it
-  _check_xla_options(xla_options)
+  _check_xla_options(_resolved(xla_options))
   videos, prompts = as_batch(video, prompt)
   videos, prompts, real = parallel.pad_requests(videos, prompts, parallel.data_size(mesh))
   spec, config = methods.resolve(method, config)
@@ -270,9 +270,12 @@ _STEP_STATICS = ("cfg", "implementation", "greedy", "norms", "return_logits")
 # scheduled by data conflicts, so that a layer's pool launches (16-bit windows in Triton, INT2 and INT4 pools in
 # Mosaic GPU), which read different pools and write different partials, run side by side: the INT2 kernel is
 # bound by its instructions, the 16-bit one by HBM. On an H200 (session 31, same runs): attention at batch 60 x
-# 32k 530 -> 477 µs, the 7B step at 32 x 100 7.76 -> 7.56 ms. Opt-in until a GPU run checks the step's tokens
-# under it (the attention call's were: the same error against XLA's path).
+# 32k 530 -> 477 µs, the 7B step at 32 x 100 7.76 -> 7.56 ms. On an H100 (session 32) the step's greedy tokens
+# under it were the serial graph's, all of them (fp16 and windowquant at 32 x 100), in 8.99 ms against 9.11
+# (`decode_throughput_*_s32_step_h100.md`): the default since. Independent launches in any order compute the same
+# numbers; a CPU ignores the option.
 CONCURRENT_KERNELS = {"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}
+DEFAULT_XLA_OPTIONS = CONCURRENT_KERNELS  # where generate or decode_call is given xla_options=None
 
 
 @functools.lru_cache(maxsize=None)
@@ -393,7 +396,8 @@ def decode_call(model: Model, cache, first_logits, next_positions, *, steps: int
                 return_logits: bool = False, steps_per_call: int = 1, xla_options: dict | None = None) -> DecodeCall:
   """`steps` tokens a request from the cache, stopping early once every request has emitted one of `eos_ids`.
 
-  `xla_options`: XLA options of the step's compilation (e.g. `CONCURRENT_KERNELS`), checked here by name.
+  `xla_options`: XLA options of the step's compilation, checked here by name; None takes `DEFAULT_XLA_OPTIONS`,
+  `{}` none (XLA's own defaults).
 
   `steps_per_call` > 1 makes that many steps a call of the compiled step, in a loop on the device (for
   benchmarks: with command buffers XLA's defaults leave out of loops, it ran slower than a call a step).
@@ -405,9 +409,13 @@ def decode_call(model: Model, cache, first_logits, next_positions, *, steps: int
             jax.random.PRNGKey(seed), jnp.float32(max(temperature, 1e-6)), jnp.float32(top_p))
   static = {"cfg": model.config.text, "steps": steps, "implementation": _attention_for(attention, mesh),
             "return_logits": return_logits, "greedy": temperature <= 0, "norms": norms,
-            "steps_per_call": steps_per_call, "xla_options": dict(xla_options or {})}
-  _check_xla_options(xla_options)
+            "steps_per_call": steps_per_call, "xla_options": _resolved(xla_options)}
+  _check_xla_options(static["xla_options"])
   return DecodeCall(arrays, static)
+
+
+def _resolved(options: dict | None) -> dict:
+  return dict(DEFAULT_XLA_OPTIONS if options is None else options)
 
 
 def _check_xla_options(options: dict | None) -> None:
