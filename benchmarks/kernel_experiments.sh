@@ -14,6 +14,10 @@
 #                                                   # concurrent graph, a call a dispatch (calls cannot overlap
 #                                                   # each other), many dispatches before a wait, cudnn beside;
 #                                                   # the variants first (the fastest runs the row), GPU time too
+#   bash benchmarks/kernel_experiments.sh small     # (next) 60 x 5 frames, where the quantized steps are 1.5-1.6 x
+#                                                   # their floors (s32): ~1k-token pools a layer stay with Triton
+#                                                   # (`mosaic_min_pool_tokens` 8k); the Mosaic kernels there, one
+#                                                   # layer at 60 x 1k, then the 7B step at 60 x 5
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
@@ -56,5 +60,13 @@ case "${1:-}" in
       --batches 60 --back-to-back 32 --tag ${tag}_b60_bars
     within 230 --variant-shape 8,32768 --variants default,mosaic_wg4_lean_folded,mosaic_wg4_lean_eight \
       --batches 8 --back-to-back 64 --tag ${tag}_b8_bars ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars" >&2; exit 2 ;;
+  small)
+    timeout 200 python benchmarks/decode_attention.py --variant-shape 60,1024 --variant-plans mix,int2,kivi2 \
+      --variants default,mosaic_wg4_lean_eight --no-sweep --inner 1 --back-to-back 64 --gpu-time --out "$out" \
+      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --tag ${tag}_b60_1k \
+      || echo "(stopped: variants at 60 x 1k)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 60x5 \
+      --attention pallas pallas:mosaic_wg4_lean_eight --methods fp16 windowquant kivi2 kivi4 rtn4 \
+      --out "$out" --budget-s 300 --tag ${tag}_small ;;
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small" >&2; exit 2 ;;
 esac
