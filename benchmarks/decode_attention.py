@@ -256,14 +256,21 @@ def cudnn_inputs(batch, tokens, *, key):
   return kv, queries(jax.random.fold_in(key, 2), batch, inner), nbytes
 
 
-def measure_cudnn(batch, tokens, *, key):
+def measure_cudnn(batch, tokens, *, key, gpu_time=False):
+  """cudnn on the FP16 cache, timed as `measure` times the kernel: the clock, and with `gpu_time` its kernels'
+  GPU time from a profile (so that small calls, whose clock is the host's dispatch, compare on the GPU too)."""
   kv, qs, nbytes = cudnn_inputs(batch, tokens, key=key)
   try:
-    t, comp, finite, _ = bench(cudnn_fn, kv, qs)
-    return dict(cudnn_s=t, cudnn_bytes=nbytes, cudnn_compile_s=comp, cudnn_finite=finite,
-                cudnn_TBps=nbytes / t / 1e12)
+    compiled, comp = compile_calls(cudnn_fn, kv, qs)
+    t, _, finite, _ = bench(cudnn_fn, kv, qs, compiled=compiled)
+    row = dict(cudnn_s=t, cudnn_bytes=nbytes, cudnn_compile_s=comp, cudnn_finite=finite,
+               cudnn_TBps=nbytes / t / 1e12)
   except Exception as e:
     return dict(cudnn_error=repr(e)[:300], cudnn_bytes=nbytes)
+  if gpu_time:
+    gpu = device_time(compiled, kv, qs)
+    row.update(cudnn_gpu_s=gpu and gpu["kernel_s"], cudnn_gpu_span_s=gpu and gpu["span_s"])
+  return row
 
 
 def small_call_inputs(batch, tokens, plan, *, key):
@@ -517,6 +524,18 @@ def markdown(report) -> str:
         f"| {r['pallas_TBps']:.2f} | {100 * r['pallas_TBps'] / copy:.0f} | "
         + (f"{cud * 1e6:.1f}" if cud else "-") + f" | {speed:.2f} | {ratio:.2f} | {speed / ratio:.2f} | "
         + (f"{xla * 1e6:.1f} | {xla / r['pallas_s']:.1f}" if xla else "- | -") + " |")
+  timed = [r for r in report["results"] if r.get("pallas_gpu_span_s")]
+  if timed:  # the same rows by GPU time (`--gpu-time`): span, first kernel's start to last one's end, a call
+    lines += ["", "GPU time a call (span), from a profile of one dispatch:", "",
+              "| batch | tokens | plan | pallas µs | TB/s | % copy | cudnn µs | vs cudnn | vs cudnn / byte ratio |",
+              "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in timed:
+      t, cud = r["pallas_gpu_span_s"], r.get("cudnn_gpu_span_s")
+      tbps = r["bytes"] / t / 1e12
+      speed = cud / t if cud else float("nan")
+      lines.append(f"| {r['batch']} | {r['tokens']} | {r['plan']} | {t * 1e6:.1f} | {tbps:.2f} | "
+                   f"{100 * tbps / copy:.0f} | " + (f"{cud * 1e6:.1f}" if cud else "-")
+                   + f" | {speed:.2f} | {speed / (r['cudnn_bytes'] / r['bytes']):.2f} |")
   if report.get("variants"):
     name = report.get("sweep_config", {}).get("name")
     first = next(iter(report["variants"].values()))
@@ -676,7 +695,7 @@ def main(argv=None):
           continue
         try:
           if (batch, tokens) not in cudnn:
-            cudnn[batch, tokens] = measure_cudnn(batch, tokens, key=key)
+            cudnn[batch, tokens] = measure_cudnn(batch, tokens, key=key, gpu_time=args.gpu_time)
           row = measure(batch, tokens, plan, key=key, config=config, gpu_time=args.gpu_time)
           row.update(cudnn[batch, tokens])
         except Exception as e:

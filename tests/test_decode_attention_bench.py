@@ -28,3 +28,16 @@ def test_inner_calls_is_about_2_ms_of_work_unless_fixed(monkeypatch):
   assert da.inner_calls(10) == 32 and da.inner_calls(int(1e12)) == 1
   monkeypatch.setattr(da, "INNER_CALLS", 16)
   assert da.inner_calls(10) == 16 and da.inner_calls(int(1e12)) == 16
+
+
+def test_gpu_time_rows_compare_with_cudnn_on_the_gpu_too():
+  """With `--gpu-time` each sweep row also reads by GPU span, the kernel against cudnn's own span (small calls'
+  clock is the host's dispatch); rows without a profile are left out of that table."""
+  row = dict(batch=1, tokens=1024, plan="mix", bytes=800_000, pallas_s=44e-6, pallas_TBps=0.8 / 44, cudnn_s=21e-6,
+             cudnn_bytes=2_097_152, pallas_gpu_span_s=8e-6, cudnn_gpu_span_s=6e-6)
+  report = dict(command="c", date="d", device="gpu", jax="0", copy={"torch_copy_TBps": 4.0},
+                results=[row, dict(row, batch=8, pallas_gpu_span_s=None)])
+  text = da.markdown(report)
+  table = text[text.index("GPU time a call"):]
+  assert "| 1 | 1024 | mix | 8.0 | 0.10 | 2 | 6.0 | 0.75 | 0.29 |" in table  # 0.8 MB / 8 µs; 6 / 8; / (2.1 / 0.8)
+  assert "| 8 | 1024 |" not in table
