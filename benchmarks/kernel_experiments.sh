@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The device plan for the kernels written offline (`results/decode_attention_notes.md`, "Session 30" and "Session
-# 31"): s30's folded minimums (the default since) and s31's 8-column softmax (`eight_column_softmax`,
-# "pallas:mosaic_wg4_lean_eight"), each variant checked against float64 before it is timed, the Triton kernel
-# beside them. One part a device call (each < 10 min), results under $OUT:
+# 31"): s30's folded minimums (the default in s30-s31) and s31's 8-column softmax (`eight_column_softmax`,
+# "pallas:mosaic_wg4_lean_eight", the default since s32), each variant checked against float64 before it is
+# timed, the Triton kernel beside them. One part a device call (each < 10 min), results under $OUT:
 #   bash benchmarks/kernel_experiments.sh kernels   # INT2 pools at batch 32 and 60 x 19,968 tokens: s28's lean
 #                                                   # kernel, folded, folded + eight; then INT4's s30 variants
 #   bash benchmarks/kernel_experiments.sh mix       # issue 5's batch 60 x 32k, mixed and INT2 plans: s28's
-#                                                   # configuration (lean_all), the default, eight (GPU time
-#                                                   # too); then the default and eight with concurrent graphs
+#                                                   # configuration (lean_all), the default, folded (GPU
+#                                                   # time too); then the two with concurrent graphs
 #   bash benchmarks/kernel_experiments.sh overlap   # (s31) the short form: serial / concurrent, back to back
-#   bash benchmarks/kernel_experiments.sh step      # the 7B step at 32 x 100: the default against eight
+#   bash benchmarks/kernel_experiments.sh step      # the 7B step at 32 x 100: the default against folded
 #   bash benchmarks/kernel_experiments.sh bars      # (s32) issue 5's 32k rows at batch 60 and 8 under the
 #                                                   # concurrent graph, a call a dispatch (calls cannot overlap
 #                                                   # each other), many dispatches before a wait, cudnn beside;
@@ -18,10 +18,12 @@
 #                                                   # their floors (s32): ~1k-token pools a layer stay with Triton
 #                                                   # (`mosaic_min_pool_tokens` 8k); the Mosaic kernels there, one
 #                                                   # layer at 60 x 1k, then the 7B step at 60 x 5
-# (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys.)
+# (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
+# `bars` on an H100 in s32, when `default` was still the folded kernel and eight was named apart.
+# Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
-tag=${TAG:-s31}  # results' names: mosaic_int2_<tag>_folded, ...
+tag=${TAG:-s32}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 case "${1:-}" in
   kernels)
@@ -32,31 +34,31 @@ case "${1:-}" in
       wg4_large_batch_ftz_int4_lean_folded --tag mosaic_int4_${tag} ;;
   mix)
     variants() { python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
-                   --variants mosaic_wg4_lean_all,default,mosaic_wg4_lean_eight --out "$out" "$@"; }
+                   --variants mosaic_wg4_lean_all,default,mosaic_wg4_lean_folded --out "$out" "$@"; }
     variants --gpu-time --tag ${tag}_b60_variants
     # kernels without a data dependency (the pools' launches) run concurrently in the CUDA graph (s31: the mix
     # 505.5 -> 486.1 µs of GPU span on an H200); one call a dispatch, so that calls cannot overlap each other
-    variants --inner 1 --gpu-time --variant-plans mix --variants default,mosaic_wg4_lean_eight \
+    variants --inner 1 --gpu-time --variant-plans mix --variants default,mosaic_wg4_lean_folded \
       --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --tag ${tag}_b60_concurrent ;;
   overlap)  # (s31) the short form of `mix` for one scarce call: GPU time a call, serial and concurrent, and
             # the clock with the host ahead; each run capped so the call ends in time
     within() { local t=$1; shift; timeout "$t" python benchmarks/decode_attention.py --variant-shape 60,32768 \
                  --no-sweep --out "$out" "$@" || echo "(stopped: $*)"; }
-    one=(--inner 1 --gpu-time --variants default,mosaic_wg4_lean_eight)
+    one=(--inner 1 --gpu-time --variants default,mosaic_wg4_lean_folded)
     within 170 "${one[@]}" --variant-plans mix,int2 --tag ${tag}_b60_serial
     within 110 "${one[@]}" --variant-plans mix --tag ${tag}_b60_concurrent \
       --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}'
     within 70 --variants default --variant-plans mix --back-to-back 8 --tag ${tag}_b60_back_to_back ;;
   step)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_wg4_lean_eight \
+      --attention pallas pallas:mosaic_wg4_lean_folded \
       --methods windowquant fp16 rtn4 rtn2 --out "$out" --budget-s 480 --tag ${tag}_kernels ;;
   bars)
     within() { local t=$1; shift; timeout "$t" python benchmarks/decode_attention.py --tokens 32768 --plans mix \
                  --inner 1 --gpu-time --out "$out" \
                  --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' "$@" \
                  || echo "(stopped: $*)"; }
-    within 250 --variant-shape 60,32768 --variant-plans mix,int2 --variants default,mosaic_wg4_lean_eight \
+    within 250 --variant-shape 60,32768 --variant-plans mix,int2 --variants default,mosaic_wg4_lean_folded \
       --batches 60 --back-to-back 32 --tag ${tag}_b60_bars
     within 230 --variant-shape 8,32768 --variants default,mosaic_wg4_lean_folded,mosaic_wg4_lean_eight \
       --batches 8 --back-to-back 64 --tag ${tag}_b8_bars ;;

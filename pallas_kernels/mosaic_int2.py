@@ -851,7 +851,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   where it ran on 16 with half of them masked: 4 of a thread's 8 subtractions, exp2, vote compares and row-sum
   terms a step, and no mask (a range's windows past its count are masked by row). P is stored 16 wide, its
   columns 8-15 zero, so O^T's columns 8-15 and their m and l come out empty (-1e30, 0: splits the merge
-  weighs by zero). Untimed (s31).
+  weighs by zero). 5 % faster on all-INT2 pools, the large-batch default since s32 (`MOSAIC_LEAN_EIGHT`).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -1558,7 +1558,7 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # the lean kernel (s28's INT2 winner), its minimums folded: no subtraction a pair of codes (untimed)
     "wg4_large_batch_ftz_lean_folded": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
                                             fetch_by_one_warp=True, folded_minimums=True),
-    # that, its softmax on 8 columns for both windows (`eight_column_softmax`; untimed, s31)
+    # that, its softmax on 8 columns for both windows (`eight_column_softmax`; the large-batch default since s32)
     "wg4_large_batch_ftz_lean_folded_eight": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
                                                   fetch_by_one_warp=True, folded_minimums=True,
                                                   eight_column_softmax=True),

@@ -33,9 +33,10 @@
     "pallas:mosaic_int2_wg4_kivi"  vregs_int4, and KIVI's pools through the Mosaic kernel (untimed, s27)
     "pallas:mosaic_wg4_lean_all"  the lean kernel for INT2, INT4 and KIVI's pools (s28's kernel winners)
     "pallas:mosaic_wg4_lean_folded"  that, the magic number folded into the minimums: what "pallas" runs at
-                                     large batches since s30 (the INT2 kernel 3-4 % faster on an H100)
+                                     large batches in s30-s31 (the INT2 kernel 3-4 % faster on an H100)
     "pallas:mosaic_wg4_lean_int4_keys"  that, and INT4 pools' keys permuted as INT2's (no faster on an H100, s30)
-    "pallas:mosaic_wg4_lean_eight"  lean_folded with the softmax on 8 columns, not 16 half masked (untimed, s31)
+    "pallas:mosaic_wg4_lean_eight"  lean_folded with the softmax on 8 columns, not 16 half masked: what "pallas"
+                                     runs at large batches since s32 (all-INT2 5 % faster on H100 and H200)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
