@@ -445,7 +445,8 @@ VARIANTS = {
     "w1t2": qd.DecodeConfig(num_warps=1, tile_windows=2, int4_tile_windows=None, programs_per_multiprocessor=8,
                             int4_launch=None),
     # the partial softmaxes merged by one Pallas launch instead of XLA's four small kernels (end to end, 7B,
-    # 2026-12-03 17:29: slower at 1 x 100 frames, a tie at 32 x 100; see DecodeConfig.fused_combine)
+    # 2026-12-03 17:29: slower at 1 x 100 frames, a tie at 32 x 100; see DecodeConfig.fused_combine; its grid
+    # has channel blocks since s33)
     "fused_combine": qd.DecodeConfig(fused_combine=True),
     # the INT2 pool through the Mosaic GPU kernel (JAX >= 0.11; pallas_kernels/mosaic_int2.py), the rest as the
     # default (2026-12-04 05:18, batch 8 x 32k: 150 µs on the mix against the default's 158)
@@ -466,6 +467,14 @@ VARIANTS = {
     "mosaic_wg4_lean_folded": qd.MOSAIC_LEAN_FOLDED,  # that, the magic number folded into the minimums (s30)
     "mosaic_wg4_lean_int4_keys": qd.MOSAIC_LEAN_INT4_KEYS,  # that, and INT4 pools' keys permuted (s30)
     "mosaic_wg4_lean_eight": qd.MOSAIC_LEAN_EIGHT,  # the folded one, its softmax on 8 columns (s31)
+    # s33: the large-batch configuration's merge as one program a (request, KV head) (the combine's grid before
+    # its channel blocks), and as XLA's kernels
+    "eight_combine_one_block": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, combine_channel_blocks=1),
+    "eight_xla_merge": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, fused_combine=False),
+    # s33: a program a phase at any grid size (by default only where that fits two waves), so that the 16-bit
+    # phase's memory-bound programs and the INT2 phase's instruction-bound ones share the SMs at batch 8 x 32k
+    "parallel_phases": qd.DecodeConfig(parallel_phases=True),
+    "eight_parallel_phases": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, parallel_phases=True),
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=tuple(mi.VARIANTS["deferred_values_first_block2"].items())),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)

@@ -18,12 +18,17 @@
 #                                                   # their floors (s32): ~1k-token pools a layer stay with Triton
 #                                                   # (`mosaic_min_pool_tokens` 8k); the Mosaic kernels there, one
 #                                                   # layer at 60 x 1k, then the 7B step at 60 x 5
+#   bash benchmarks/kernel_experiments.sh combine   # (s33) the merged combine with channel blocks against one
+#                                                   # program a (request, KV head) and XLA's merge: issue 5's 32k
+#                                                   # rows at batch 60 and 8, and batch 1 x 1k (cudnn's GPU time)
+#   bash benchmarks/kernel_experiments.sh combine_step  # (s33) the merge in one launch at small batches, 7B step
+#   bash benchmarks/kernel_experiments.sh batch8    # (s33) batch 8 x 32k, a program a phase; 1 x 1k, many calls
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
 # `bars` on an H100 in s32, when `default` was still the folded kernel and eight was named apart.
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
-tag=${TAG:-s32}  # results' names: mosaic_int2_<tag>_folded, ...
+tag=${TAG:-s33}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 case "${1:-}" in
   kernels)
@@ -70,5 +75,28 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 60x5 \
       --attention pallas pallas:mosaic_wg4_lean_eight --methods fp16 windowquant kivi2 kivi4 rtn4 \
       --out "$out" --budget-s 300 --tag ${tag}_small ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small" >&2; exit 2 ;;
+  combine)
+    within() { local t=$1; shift; timeout "$t" python benchmarks/decode_attention.py --inner 1 --gpu-time \
+                 --out "$out" --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' "$@" \
+                 || echo "(stopped: $*)"; }
+    within 150 --tokens 32768 --plans mix --variant-shape 8,32768 --batches 8 --back-to-back 64 \
+      --variants default,fused_combine,mosaic_wg4_lean_eight --tag ${tag}_b8_combine
+    within 90 --tokens 1024 --plans mix,fp16 --variant-shape 1,1024 --variant-plans mix --batches 1 \
+      --back-to-back 64 --variants default,fused_combine --tag ${tag}_b1_combine
+    within 150 --tokens 32768 --plans mix --variant-shape 60,32768 --batches 60 --back-to-back 32 \
+      --variants default,eight_combine_one_block --tag ${tag}_b60_combine ;;
+  batch8)  # (s33) batch 8 x 32k: a program a phase (the 16-bit and INT2 phases' programs side by side), Triton and
+           # Mosaic; then batch 1 x 1k timed as the sweep times short calls (~2 ms of calls a dispatch), cudnn beside
+    within() { local t=$1; shift; timeout "$t" python benchmarks/decode_attention.py --gpu-time --out "$out" \
+                 --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' "$@" \
+                 || echo "(stopped: $*)"; }
+    within 200 --inner 1 --tokens 32768 --plans mix --variant-shape 8,32768 --batches 8 --back-to-back 64 \
+      --variants default,parallel_phases,mosaic_wg4_lean_eight,eight_parallel_phases --tag ${tag}_b8_phases
+    within 120 --tokens 1024 --plans mix,fp16 --variant-shape 1,1024 --variant-plans mix --batches 1 \
+      --variants default,fused_combine --tag ${tag}_b1_inner ;;
+  combine_step)  # the merge in one launch at every batch, in the 7B step where XLA's kernels merge by default
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 1x100 20x5 \
+      --attention pallas pallas:fused_combine --methods windowquant fp16 --out "$out" --budget-s 200 \
+      --tag ${tag}_fused_combine ;;
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8" >&2; exit 2 ;;
 esac

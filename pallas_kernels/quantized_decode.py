@@ -131,14 +131,13 @@ class DecodeConfig:
   # across warps: shared memory and a barrier a step). Off for the factored form, whose steps sum p anyway.
   deferred_sum: bool = True
   factored: bool = False  # scales folded into q (keys) and applied to P.V sums (values); else dequantize each code
-  # Merge the partial softmaxes in one Pallas launch (`combine_kernel`) rather than XLA's four kernels (max,
-  # weights and sum, weighted sum, slice to G rows): small kernels whose launches cost more than their work
-  # at batch 1 (7B profile, H200, 2026-12-03: ~14 µs a layer). Off: timed end to end (decode_profile_*_s18_gpu),
-  # it is slower where it was meant to help. At batch 1 its grid is one program a (request, KV head), four,
-  # each merging its parts in turn: 22-42 µs a launch against ~6 µs of XLA's kernels (1 x 100 frames: 6.85
-  # against 6.44 ms a step, fp16); at 32 x 100 the step times tie (13.98 / 13.99 ms fp16).
+  # Merge the partial softmaxes in one Pallas launch (`combine_kernel`) rather than XLA's four or more small kernels
+  # (max, weights and sum, weighted sum, slice to G rows). Off by default at small batches: with one program a
+  # (request, KV head) merging its parts in turn (until session 33) it was slower where it was meant to help,
+  # 22-42 µs a launch at batch 1 against ~6 µs of XLA's kernels (1 x 100 frames: 6.85 against 6.44 ms a step,
+  # fp16, H200, 2026-12-03); `LARGE_BATCH_MOSAIC` takes it. Since session 33 its grid adds channel blocks.
   fused_combine: bool = False
-  combine_splits_a_step: int = 8  # partial softmaxes the combine kernel merges a loop step
+  combine_channel_blocks: int | None = None  # the combine's channel blocks; None: `combine_channel_blocks`
   # The INT2 pool (window-wise key and value scales, window 32, head dim 128, G <= 8) in a launch of
   # `mosaic_int2.py`'s Mosaic GPU kernel (JAX >= 0.11), merged with the other launches' partials by the
   # combine. On for every launch here ("pallas:mosaic_int2" and the other MOSAIC_* configurations); the
@@ -767,16 +766,12 @@ def quantized_decode(
   sets, config = _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                                        window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
                                        config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
-  if len(sets) > 1 and config.fused_combine and all(s[0].ndim == 6 for s in sets[1:]):  # Triton's, Mosaic's
-    return combine_with_heads_last_kernel(*sets, group=qg.shape[2], interpret=interpret)
-  if len(sets) > 1 and not config.fused_combine:
-    # The Triton and Mosaic launches' partials (Gp and 8 rows) merged where they lie: no concatenated copy.
-    return combine_sets(sets, qg.shape[2])
-  o, m, l = _concatenated(sets)
   if config.fused_combine:
-    return combine_kernel(o, m, l, qg.shape[2], splits_a_step=config.combine_splits_a_step, interpret=interpret)
+    return combine_kernel(sets, qg.shape[2], config=config, interpret=interpret)
+  if len(sets) > 1:  # the launches' partials (Gp and 8 rows) merged where they lie: no concatenated copy
+    return combine_sets(sets, qg.shape[2])
   # Slicing o, m and l to G rows before the combine made it 1.7 us slower at batch 1 x 1k (H200).
-  return combine_splits(o, m, l)[:, :, :qg.shape[2]]
+  return combine_splits(*sets[0])[:, :, :qg.shape[2]]
 
 
 def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, *, window_size: int,
@@ -819,9 +814,10 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
                           config: DecodeConfig = DecodeConfig(), q_scale: float = 1.0, rest_layer=None,
                           interpret: bool = False) -> tuple[list[tuple[jax.Array, jax.Array, jax.Array]],
                                                              DecodeConfig]:
-  """`partial_softmaxes` as a list of sets: the Triton launches' (one set, Gp rows), then the Mosaic
-  launch's where it serves a pool (its own 8 rows, o heads last: see `_rows_first`); and `config` as this
-  launch took it (`for_launch`'s where a Mosaic launch is made, else the caller's)."""
+  """`partial_softmaxes` as a list of sets: the Triton launches' (a set each, Gp rows: the INT4 pools' launch
+  apart where it pays), then each Mosaic launch's where it serves a pool (its own 8 rows, o heads last: see
+  `_rows_first`); and `config` as this launch took it (`for_launch`'s where a Mosaic launch is made, else the
+  caller's)."""
   b, kh, g, h = qg.shape
   gp = max(16, 1 << (g - 1).bit_length())
   present = [i for i, kp in enumerate(k_pools) if kp is not None and kp.data.shape[2] > 0]
@@ -845,10 +841,11 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
   if mosaic:  # those pools in Mosaic GPU launches (one each), the others as configured
     others = tuple(None if j in mosaic else p for j, p in enumerate(k_pools))
     triton = dataclasses.replace(config, int2_mosaic=False, int4_mosaic=False, mosaic_min_pairs=None)
-    return [partial_softmaxes(qg, others, v_pools, offsets, counts, rest_k, rest_v, rest_len,
-                              window_size=window_size, tokens_hint=tokens_hint - sum(pool_tokens[i] for i in mosaic),
-                              pool_tokens=pool_tokens, config=triton, q_scale=q_scale, rest_layer=rest_layer,
-                              interpret=interpret),
+    triton_sets, _ = _partial_softmax_sets(
+        qg, others, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window_size,
+        tokens_hint=tokens_hint - sum(pool_tokens[i] for i in mosaic), pool_tokens=pool_tokens, config=triton,
+        q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
+    return [*triton_sets,
             *[_mosaic_int2_partials(qg, k_pools[i], v_pools[i], offsets[i], counts[i],
                                     windows=pool_tokens[i] // window_size, config=config, q_scale=q_scale,
                                     interpret=interpret) for i in mosaic]], config
@@ -857,7 +854,7 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
     others = [i for i in present if i not in int4]
     parts = [launch(others, True, tokens_hint - sum(pool_tokens[i] for i in int4), config),
              launch(int4, False, sum(pool_tokens[i] for i in int4), config.int4_launch)]
-    return [tuple(jnp.concatenate(x, axis=2) for x in zip(*parts))], requested
+    return parts, requested  # two sets, merged where they lie
   return [launch(present, True, tokens_hint, config)], requested
 
 
@@ -1056,129 +1053,118 @@ def _weighted_rows(w, o):
   return jnp.swapaxes(jnp.sum(w * o[..., :w.shape[5]], axis=(2, 4)), 2, 3)
 
 
-def _combine_body(o_ref, m_ref, l_ref, out_ref, *, parts: int, group: int, step: int):
-  """One (request, KV head): merges its `parts` partial softmaxes, `step` at a time, online.
-
-  A step's rows start at min(c * step, parts - step), so every load stays in
-  bounds; rows an earlier step merged are masked out by weight 0.
-  """
-  bk = pl.program_id(0)
-  padded_group, head_dim = o_ref.shape[1], o_ref.shape[2]
-
-  def merge(c, carry):
-    m_run, l_run, o_run = carry
-    first = jnp.minimum(c * step, parts - step)
-    rows = pl.ds(bk * parts + first, step)
-    fresh = (first + lax.broadcasted_iota(jnp.int32, (step, padded_group), 0)) >= c * step
-    m = jnp.where(fresh, m_ref[rows, :], _NEG)
-    m_new = jnp.maximum(m_run, jnp.max(m, axis=0))
-    w = jnp.where(fresh, jnp.exp2(m - m_new[None, :]), 0.0)  # [step, Gp]
-    rescale = jnp.exp2(m_run - m_new)
-    l_new = l_run * rescale + jnp.sum(w * l_ref[rows, :], axis=0)
-    o_new = o_run * rescale[:, None] + jnp.sum(w[:, :, None] * o_ref[rows, :, :], axis=0)
-    return m_new, l_new, o_new
-
-  m, l, (o,) = _fresh(padded_group, head_dim, 1)
-  m, l, o = lax.fori_loop(0, pl.cdiv(parts, step), merge, (m, l, o))
-  out = o / jnp.where(l > 0, l, 1.0)[:, None]
-  real = lax.broadcasted_iota(jnp.int32, (padded_group, head_dim), 0) < group
-  plgpu.store(out_ref.at[pl.ds(bk * group, padded_group), :], out.astype(out_ref.dtype), mask=real)
+def combine_channel_blocks(pairs: int, head_dim: int, config: DecodeConfig) -> int:
+  """Channel blocks of `combine_kernel`'s grid: the fewest (a power of two, 16 channels a block at least) that
+  give every multiprocessor two programs, so that a small batch's merge is not a few programs' serial loads."""
+  if config.combine_channel_blocks:
+    return config.combine_channel_blocks
+  blocks, want = 1, -(-2 * _multiprocessors(config) // max(pairs, 1))
+  while blocks < want and head_dim // (2 * blocks) >= 16:
+    blocks *= 2
+  return blocks
 
 
-def combine_kernel(o: Float[Array, "B K J Gp H"], m: Float[Array, "B K J Gp"], l: Float[Array, "B K J Gp"],
-                   group: int, *, splits_a_step: int = 8, interpret: bool = False) -> Float[Array, "B K G H"]:
-  """`combine_splits` and the slice to the G real rows, as one launch: a program per (request, KV head)."""
-  b, kh, parts, gp, h = o.shape
-  step = min(splits_a_step, _pow2_floor(parts))
-  whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
-  inputs = [o.reshape(b * kh * parts, gp, h), m.reshape(b * kh * parts, gp), l.reshape(b * kh * parts, gp)]
-  out = pl.pallas_call(
-      functools.partial(_combine_body, parts=parts, group=group, step=step),
-      grid=(b * kh,),
-      in_specs=[whole(x) for x in inputs],
-      out_specs=pl.BlockSpec((pl.Element(b * kh * group), pl.Element(h)), lambda i: (0, 0)),
-      out_shape=jax.ShapeDtypeStruct((b * kh * group, h), jnp.float32),
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
-      interpret=interpret,
-      name="wq_combine_splits",
-  )(*inputs)
-  return out.reshape(b, kh, group, h)
+_COMBINE_CHUNK = 2048  # elements of o a combine program loads at once (16 a thread at 4 warps; 4096 took 255
+# registers at 64 channels a block, offline)
 
 
-_UNROLLED_MERGES = 16  # parts a merge loop of `combine_with_heads_last_kernel` takes unrolled
-
-
-def _combine_with_heads_last_body(to_ref, tm_ref, tl_ref, *refs, triton_parts: int, mosaic_splits: tuple,
-                                  group: int):
-  """One (request, KV head): the Triton launch's parts (rows: its padded heads), then each Mosaic launch's
-  splits (heads last: a split's [H, 16] block holds window parity p's heads in columns 8p ... 8p + 7), merged
-  online a part at a time on 8 rows, one a head. `refs`: (o, m, l) of each Mosaic launch, then the output."""
-  bk = pl.program_id(0)
-  rows = mosaic_int2.COLUMNS // 2
+def _combine_body(*refs, kinds: tuple, rows: int, group: int, width: int):
+  """One (request, KV head) and one block of `width` channels: the largest running maximum over every set's
+  parts first, then the parts weighed by exp2(m - that maximum) and summed, a chunk of parts a load (no chain
+  of rescaled merges, no load waiting on another). `kinds`: (heads_last, parts, chunk) of each set, whose
+  (o, m, l) refs come in order, then the output's. A heads-last set's split holds window parity p's heads in
+  columns 8p ... 8p + 7; its sums are kept [width, 8] and transposed once."""
+  bk, block = pl.program_id(0), pl.program_id(1)
+  cols = pl.ds(block * width, width)
   out_ref = refs[-1]
 
-  def merge(state, m, l, o):  # m, l [8], o [8, H]
-    m_run, l_run, o_run = state
-    m_new = jnp.maximum(m_run, m)
-    old, new = jnp.exp2(m_run - m_new), jnp.exp2(m - m_new)
-    return m_new, l_run * old + l * new, o_run * old[:, None] + o * new[:, None]
+  def chunks(i, fn, state):  # fn(i, first, c, fresh, state) over set i's parts, c at a time
+    heads_last, parts, c = kinds[i]
+    n = pl.cdiv(parts, c)
 
-  def triton_part(j, state):
-    r = bk * triton_parts + j
-    return merge(state, tm_ref[r, pl.ds(0, rows)], tl_ref[r, pl.ds(0, rows)], to_ref[r, pl.ds(0, rows), :])
-
-  def mosaic_split(mo_ref, mm_ref, ml_ref, splits):
-    def body(j, state):
-      r = bk * splits + j
-      for parity in range(2):
-        cols = pl.ds(parity * rows, rows)
-        state = merge(state, mm_ref[r, cols], ml_ref[r, cols], mo_ref[r, :, cols].T)
-      return state
-    return body
-
-  def loop(n, body, state):  # unrolled where short: the parts' loads do not wait for each other's merge
-    if n <= _UNROLLED_MERGES:
-      for j in range(n):
-        state = body(j, state)
+    def body(k, state):  # the last chunk starts early to stay in bounds; rows seen before are not fresh
+      first = jnp.minimum(k * c, parts - c)
+      fresh = first + lax.broadcasted_iota(jnp.int32, (c, 1), 0) >= k * c
+      return fn(i, bk * parts + first, c, fresh, state)
+    if n <= 4:
+      for k in range(n):
+        state = body(k, state)
       return state
     return lax.fori_loop(0, n, body, state)
 
-  m, l, (o,) = _fresh(rows, to_ref.shape[2], 1)
-  state = loop(triton_parts, triton_part, (m, l, o))
-  for i, splits in enumerate(mosaic_splits):
-    state = loop(splits, mosaic_split(*refs[3 * i:3 * i + 3], splits), state)
-  m, l, o = state
+  def heads(i, parity):
+    return pl.ds(parity * rows, rows) if kinds[i][0] else pl.ds(0, rows)
+
+  def most(i, first, c, fresh, m_max):
+    m_ref = refs[3 * i + 1]
+    for parity in range(2 if kinds[i][0] else 1):
+      m_max = jnp.maximum(m_max, jnp.max(m_ref[pl.ds(first, c), heads(i, parity)], axis=0))
+    return m_max
+
+  m_max = jnp.full((rows,), _NEG, jnp.float32)
+  for i in range(len(kinds)):
+    m_max = chunks(i, most, m_max)
+
+  def add(i, first, c, fresh, state):
+    l_sum, o_rows, o_heads_last = state
+    o_ref, m_ref, l_ref = refs[3 * i:3 * i + 3]
+    for parity in range(2 if kinds[i][0] else 1):
+      r = pl.ds(first, c)
+      w = jnp.where(fresh, jnp.exp2(m_ref[r, heads(i, parity)] - m_max[None, :]), 0.0)  # [c, rows]
+      l_sum = l_sum + jnp.sum(w * l_ref[r, heads(i, parity)], axis=0)
+      if kinds[i][0]:  # o [c, width, rows]
+        o_heads_last = o_heads_last + jnp.sum(w[:, None, :] * o_ref[r, cols, heads(i, parity)], axis=0)
+      else:  # o [c, rows, width]
+        o_rows = o_rows + jnp.sum(w[:, :, None] * o_ref[r, heads(i, parity), cols], axis=0)
+    return l_sum, o_rows, o_heads_last
+
+  state = (jnp.zeros((rows,), jnp.float32), jnp.zeros((rows, width), jnp.float32),
+           jnp.zeros((width, rows), jnp.float32))
+  for i in range(len(kinds)):
+    state = chunks(i, add, state)
+  l, o_rows, o_heads_last = state
+  o = o_rows + o_heads_last.T if any(k[0] for k in kinds) else o_rows
   out = o / jnp.where(l > 0, l, 1.0)[:, None]
   real = lax.broadcasted_iota(jnp.int32, out.shape, 0) < group
-  plgpu.store(out_ref.at[pl.ds(bk * group, rows), :], out, mask=real)
+  plgpu.store(out_ref.at[pl.ds(bk * group, rows), cols], out, mask=real)
 
 
-def combine_with_heads_last_kernel(triton_set, *mosaic_sets, group: int, interpret: bool = False):
-  """`combine_sets` of the Triton launch's partials (o [B, K, J, Gp, H], m and l [B, K, J, Gp]) and one or more
-  Mosaic launches' (o heads last [B, K, J', H, 2, 8], m and l [B, K, 2J', 8]), G <= 8, as one launch: a program
-  per (request, KV head), where XLA's merge takes five or more kernels (session 23's profile) and, for two
-  Mosaic launches, a transposed and concatenated copy (~30 µs at batch 60 x 32k, session 28)."""
-  to, tm, tl = triton_set
-  b, kh, parts, gp, h = to.shape
+def combine_kernel(sets, group: int, *, channel_blocks: int | None = None, config: DecodeConfig = DecodeConfig(),
+                   interpret: bool = False) -> Float[Array, "B K G H"]:
+  """`combine_sets` as one launch, its grid (request x KV head, channel block): the Triton launches' partials
+  (o [B, K, J, Gp, H], m and l [B, K, J, Gp]) and the Mosaic launches' (o heads last [B, K, J', H, 2, 8], m and
+  l [B, K, 2J', 8], G <= 8), each read where it lies. XLA's merge takes four or more small kernels a layer
+  (a concatenated, transposed copy too where two Mosaic launches write); until session 33 this launch had one
+  program a (request, KV head) merging its parts in a chain (25 µs at batch 8 x 32k on an H100, s32)."""
+  b, kh, _, _, h = sets[0][0].shape
   n = b * kh
-  inputs = [to.reshape(n * parts, gp, h), tm.reshape(n * parts, gp), tl.reshape(n * parts, gp)]
-  for mo, mm, ml in mosaic_sets:
-    if group > mosaic_int2.COLUMNS // 2 or gp < mosaic_int2.COLUMNS // 2 or mo.shape[3:] != (h, 2, 8):
-      raise ValueError(f"combine_with_heads_last_kernel: G = {group} <= 8 heads, Triton rows {gp} >= 8, "
-                       f"Mosaic o [B, K, J, {h}, 2, 8]; got {mo.shape}")
-    splits = mo.shape[2]
-    inputs += [mo.reshape(n * splits, h, 16), mm.reshape(n * splits, 16), ml.reshape(n * splits, 16)]
-  whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
+  heads_last = [o.ndim == 6 for o, _, _ in sets]
+  rows = max(8, 1 << (group - 1).bit_length())
+  inputs, kinds = [], []
+  for (o, m, l), last in zip(sets, heads_last):
+    if last and (rows > mosaic_int2.COLUMNS // 2 or o.shape[3:] != (h, 2, rows)):
+      raise ValueError(f"combine_kernel: a heads-last set needs G <= 8 and o [B, K, J, {h}, 2, 8]; "
+                       f"got G = {group}, o {o.shape}")
+    if not last and m.shape[3] < rows:
+      raise ValueError(f"combine_kernel: a set of {m.shape[3]} rows for {group} heads")
+    parts = o.shape[2]
+    kinds.append([last, parts])
+    inputs += [o.reshape(n * parts, *o.shape[3:4], -1) if last else o.reshape(n * parts, *o.shape[3:]),
+               m.reshape(n * m.shape[2] // (2 if last else 1), -1), l.reshape(n * l.shape[2] // (2 if last else 1), -1)]
+  blocks = channel_blocks or combine_channel_blocks(n, h, config)
+  width = h // blocks
+  for kind in kinds:  # parts a load: a power of two, no more than the set has
+    kind.append(min(_pow2_floor(max(1, _COMBINE_CHUNK // (rows * width))), _pow2_floor(kind[1])))
+  whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i, c: (0,) * x.ndim)
   out = pl.pallas_call(
-      functools.partial(_combine_with_heads_last_body, triton_parts=parts, group=group,
-                        mosaic_splits=tuple(mo.shape[2] for mo, _, _ in mosaic_sets)),
-      grid=(n,),
+      functools.partial(_combine_body, kinds=tuple(map(tuple, kinds)), rows=rows, group=group, width=width),
+      grid=(n, blocks),
       in_specs=[whole(x) for x in inputs],
-      out_specs=pl.BlockSpec((pl.Element(n * group), pl.Element(h)), lambda i: (0, 0)),
+      out_specs=pl.BlockSpec((pl.Element(n * group), pl.Element(h)), lambda i, c: (0, 0)),
       out_shape=jax.ShapeDtypeStruct((n * group, h), jnp.float32),
-      compiler_params=plgpu.CompilerParams(num_warps=8, num_stages=1),  # registers for the parts in flight
+      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
       interpret=interpret,
-      name="wq_combine_with_mosaic",
+      name="wq_combine",
   )(*inputs)
   return out.reshape(b, kh, group, h)
 

@@ -37,6 +37,10 @@
     "pallas:mosaic_wg4_lean_int4_keys"  that, and INT4 pools' keys permuted as INT2's (no faster on an H100, s30)
     "pallas:mosaic_wg4_lean_eight"  lean_folded with the softmax on 8 columns, not 16 half masked: what "pallas"
                                      runs at large batches since s32 (all-INT2 5 % faster on H100 and H200)
+    "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
+                            merge them where the large-batch kernel does not run)
+    "pallas:combine_one_block"  the default, its merged combine (large batches) one program a (request, KV head)
+                                as before s33, no channel blocks
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -82,6 +86,8 @@ def register_variant(name: str, config: quantized_decode.DecodeConfig) -> None:
 
 register_variant("pallas", quantized_decode.DecodeConfig())
 register_variant("pallas:triton", quantized_decode.TRITON_ONLY)
+register_variant("pallas:fused_combine", quantized_decode.DecodeConfig(fused_combine=True))
+register_variant("pallas:combine_one_block", quantized_decode.DecodeConfig(combine_channel_blocks=1))
 if mosaic_int2.available():
   register_variant("pallas:mosaic_int2", quantized_decode.DecodeConfig(int2_mosaic=True))
   register_variant("pallas:mosaic_int2_bias", quantized_decode.MOSAIC_BIAS_IN_KERNEL)

@@ -270,11 +270,11 @@ def test_phases_in_parallel_only_within_two_waves():
   assert qd.phases_in_parallel(dataclasses.replace(cfg, parallel_phases=True), 10_000, 2)
 
 
-@pytest.mark.parametrize("parts,group,step", [(13, 7, 8), (4, 8, 8), (1, 7, 8), (99, 7, 4)])
-def test_combine_kernel_matches_combine_splits(parts, group, step):
-  """The one-launch combine against XLA's, on fresh partial softmaxes: empty parts (m at its start value,
-  l = 0), a part count no step divides, and steps that overlap the previous one at the end."""
-  b, kh, gp, h = 3, 2, 16, 64
+@pytest.mark.parametrize("parts,group,blocks", [(13, 7, 1), (4, 8, 4), (1, 7, None), (99, 7, 2), (5, 1, 8)])
+def test_combine_kernel_matches_combine_splits(parts, group, blocks):
+  """The one-launch combine of one set against XLA's, on fresh partial softmaxes: empty parts (m at its start
+  value, l = 0), a looped part count (99), one to eight channel blocks and the grid's own choice."""
+  b, kh, gp, h = 3, 2, 16, 128
   k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(parts * 10 + group), 4)
   o = jax.random.normal(k1, (b, kh, parts, gp, h)) * 5
   m = jax.random.normal(k2, (b, kh, parts, gp)) * 4
@@ -282,8 +282,19 @@ def test_combine_kernel_matches_combine_splits(parts, group, step):
   empty = jax.random.bernoulli(k4, 0.3, (b, kh, parts, 1))
   m, l, o = jnp.where(empty, qd._NEG, m), jnp.where(empty, 0.0, l), jnp.where(empty[..., None], 0.0, o)
   want = qd.combine_splits(o, m, l)[:, :, :group]
-  got = jax.jit(lambda *a: qd.combine_kernel(*a, group, splits_a_step=step, interpret=True))(o, m, l)
+  got = jax.jit(lambda *a: qd.combine_kernel([a], group, channel_blocks=blocks, interpret=True))(o, m, l)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_combine_channel_blocks_fill_the_device():
+  cfg = qd.DecodeConfig(multiprocessors=132)
+  assert qd.combine_channel_blocks(240, 128, cfg) == 2  # batch 60: 480 programs
+  assert qd.combine_channel_blocks(128, 128, cfg) == 4  # 32 x 100
+  assert qd.combine_channel_blocks(32, 128, cfg) == 8  # batch 8: 16 channels a block, the least
+  assert qd.combine_channel_blocks(4, 128, cfg) == 8
+  assert qd.combine_channel_blocks(4, 64, cfg) == 4
+  assert qd.combine_channel_blocks(1000, 128, cfg) == 1
+  assert qd.combine_channel_blocks(4, 128, dataclasses.replace(cfg, combine_channel_blocks=2)) == 2
 
 
 def test_combine_sets_matches_combine_splits_of_the_concatenation():
@@ -313,62 +324,67 @@ def test_combine_sets_matches_combine_splits_of_the_concatenation():
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("triton_parts,mosaic_splits,group", [(3, 8, 7), (1, 2, 8), (5, 1, 1), (3, 20, 7)])
-def test_combine_with_heads_last_kernel_matches_combine_sets(triton_parts, mosaic_splits, group):
+def _row_set(keys, b, kh, parts, rows, h, empty_rate=0.3):
+  o = jax.random.normal(next(keys), (b, kh, parts, rows, h)) * 5
+  m = jax.random.normal(next(keys), (b, kh, parts, rows)) * 4
+  l = jax.random.uniform(next(keys), (b, kh, parts, rows), minval=0.5, maxval=3.0)
+  empty = jax.random.bernoulli(next(keys), empty_rate, (b, kh, parts, 1))
+  return jnp.where(empty[..., None], 0.0, o), jnp.where(empty, qd._NEG, m), jnp.where(empty, 0.0, l)
+
+
+def _heads_last_set(keys, b, kh, splits, h):
+  return (jax.random.normal(next(keys), (b, kh, splits, h, 2, 8)) * 5,
+          jax.random.normal(next(keys), (b, kh, 2 * splits, 8)) * 4 + 3,
+          jax.random.uniform(next(keys), (b, kh, 2 * splits, 8), minval=0.5, maxval=3.0))
+
+
+@pytest.mark.parametrize("triton_parts,mosaic_splits,group,blocks",
+                         [(3, 8, 7, None), (1, 2, 8, 1), (5, 1, 1, 8), (3, 20, 7, 2)])
+def test_combine_kernel_with_heads_last_set_matches_combine_sets(triton_parts, mosaic_splits, group, blocks):
   """The one-launch merge of a Triton set (16 rows) and a Mosaic set (heads last) against `combine_sets`, on
   fresh partials: a request with no window in the Mosaic set, and empty Triton parts; loops unrolled and
-  not (20 splits)."""
+  not (20 splits); one to eight channel blocks."""
   b, kh, h = 3, 2, 128
   keys = iter(jax.random.split(jax.random.PRNGKey(triton_parts * 7 + mosaic_splits), 8))
-  o1 = jax.random.normal(next(keys), (b, kh, triton_parts, 16, h)) * 5
-  m1 = jax.random.normal(next(keys), (b, kh, triton_parts, 16)) * 4
-  l1 = jax.random.uniform(next(keys), (b, kh, triton_parts, 16), minval=0.5, maxval=3.0)
-  empty = jax.random.bernoulli(next(keys), 0.3, (b, kh, triton_parts, 1))
-  m1, l1, o1 = jnp.where(empty, qd._NEG, m1), jnp.where(empty, 0.0, l1), jnp.where(empty[..., None], 0.0, o1)
-  o2 = jax.random.normal(next(keys), (b, kh, mosaic_splits, h, 2, 8)) * 5
-  m2 = jax.random.normal(next(keys), (b, kh, 2 * mosaic_splits, 8)) * 4 + 3
-  l2 = jax.random.uniform(next(keys), (b, kh, 2 * mosaic_splits, 8), minval=0.5, maxval=3.0)
+  o2, m2, l2 = _heads_last_set(keys, b, kh, mosaic_splits, h)
   o2, m2, l2 = o2.at[1].set(0.0), m2.at[1].set(qd._NEG), l2.at[1].set(0.0)  # request 1: no Mosaic window
-  sets = [(o1, m1, l1), (o2, m2, l2)]
+  sets = [_row_set(keys, b, kh, triton_parts, 16, h), (o2, m2, l2)]
   want = qd.combine_sets(sets, group)
-  got = jax.jit(lambda s, t: qd.combine_with_heads_last_kernel(s, t, group=group, interpret=True))(*sets)
+  got = jax.jit(lambda *s: qd.combine_kernel(s, group, channel_blocks=blocks, interpret=True))(*sets)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
-def test_combine_with_heads_last_kernel_takes_two_mosaic_sets():
-  """The merge of a Triton set and two Mosaic sets of different split counts (the INT2 and INT4 pools' launches)
-  in one launch, against `combine_sets`, on fresh partials."""
+def test_combine_kernel_takes_several_sets_of_each_kind():
+  """Two Triton sets (the main and the INT4 launch's, different split counts) and two Mosaic sets (the INT2 and
+  INT4 pools' launches) in one launch, against `combine_sets`, on fresh partials."""
   b, kh, h, group = 1, 2, 128, 7
-  keys = iter(jax.random.split(jax.random.PRNGKey(5), 9))
-  sets = [(jax.random.normal(next(keys), (b, kh, 3, 16, h)) * 5, jax.random.normal(next(keys), (b, kh, 3, 16)) * 4,
-           jax.random.uniform(next(keys), (b, kh, 3, 16), minval=0.5, maxval=3.0))]
-  for splits in (2, 1):
-    sets.append((jax.random.normal(next(keys), (b, kh, splits, h, 2, 8)) * 5,
-                 jax.random.normal(next(keys), (b, kh, 2 * splits, 8)) * 4 + 3,
-                 jax.random.uniform(next(keys), (b, kh, 2 * splits, 8), minval=0.5, maxval=3.0)))
+  keys = iter(jax.random.split(jax.random.PRNGKey(5), 20))
+  sets = [_row_set(keys, b, kh, 3, 16, h), _row_set(keys, b, kh, 18, 16, h),
+          _heads_last_set(keys, b, kh, 2, h), _heads_last_set(keys, b, kh, 1, h)]
   want = qd.combine_sets(sets, group)
-  got = jax.jit(lambda *s: qd.combine_with_heads_last_kernel(*s, group=group, interpret=True))(*sets)
+  got = jax.jit(lambda *s: qd.combine_kernel(s, group, interpret=True))(*sets)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
-def test_combine_with_heads_last_kernel_lowers_to_triton_for_cuda():
+def test_combine_kernel_refuses_heads_last_sets_past_eight_heads():
+  keys = iter(jax.random.split(jax.random.PRNGKey(6), 8))
+  sets = [_row_set(keys, 1, 2, 3, 16, 128), _heads_last_set(keys, 1, 2, 2, 128)]
+  with pytest.raises(ValueError, match="G <= 8"):
+    qd.combine_kernel(sets, 9, interpret=True)
+
+
+def test_combine_kernel_lowers_to_triton_for_cuda():
   sets = [(jnp.zeros((32, 4, 3, 16, 128)), jnp.zeros((32, 4, 3, 16)), jnp.zeros((32, 4, 3, 16))),
           (jnp.zeros((32, 4, 8, 128, 2, 8)), jnp.zeros((32, 4, 16, 8)), jnp.zeros((32, 4, 16, 8)))]
-  for mosaic_sets in (1, 2):  # the INT2 pool's launch, and the INT4 pool's beside it
-    lowered = jax.jit(lambda *s: qd.combine_with_heads_last_kernel(*s, group=7)).trace(*sets, *sets[1:] * (
-        mosaic_sets - 1))
-    assert "wq_combine_with_mosaic" in lowered.lower(lowering_platforms=("cuda",)).as_text()
+  for mosaic_sets in (0, 1, 2):  # Triton alone; the INT2 pool's launch; the INT4 pool's beside it
+    for blocks in (1, 8):
+      chosen = sets[:1] + sets[1:] * mosaic_sets
+      lowered = jax.jit(lambda *s: qd.combine_kernel(s, group=7, channel_blocks=blocks)).trace(*chosen)
+      assert "wq_combine" in lowered.lower(lowering_platforms=("cuda",)).as_text()
 
 
 def test_fused_combine_through_the_kernel():
   check_case(21, batch=3, kv_heads=2, group=7, head_dim=128, config=dataclasses.replace(TILED, fused_combine=True))
-
-
-def test_combine_kernel_lowers_to_triton_for_cuda():
-  o = jnp.zeros((1, 4, 99, 16, 128))
-  m = l = jnp.zeros((1, 4, 99, 16))
-  text = jax.jit(lambda *a: qd.combine_kernel(*a, 7)).trace(o, m, l).lower(lowering_platforms=("cuda",)).as_text()
-  assert "wq_combine_splits" in text
 
 
 def test_stacked_rest_segment_in_place():
