@@ -23,6 +23,7 @@
 #                                                   # rows at batch 60 and 8, and batch 1 x 1k (cudnn's GPU time)
 #   bash benchmarks/kernel_experiments.sh combine_step  # (s33) the merge in one launch at small batches, 7B step
 #   bash benchmarks/kernel_experiments.sh batch8    # (s33) batch 8 x 32k, a program a phase; 1 x 1k, many calls
+#   bash benchmarks/kernel_experiments.sh pool512   # (s33) 60 x 5: the default's Mosaic pools from 512 tokens
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
 # `bars` on an H100 in s32, when `default` was still the folded kernel and eight was named apart.
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
@@ -94,9 +95,14 @@ case "${1:-}" in
       --variants default,parallel_phases,mosaic_wg4_lean_eight,eight_parallel_phases --tag ${tag}_b8_phases
     within 120 --tokens 1024 --plans mix,fp16 --variant-shape 1,1024 --variant-plans mix --batches 1 \
       --variants default,fused_combine --tag ${tag}_b1_inner ;;
+  pool512)  # (s33) the default since s33 (pools of >= 512 tokens through the Mosaic kernel at >= 128 pairs) against
+            # "pallas:triton", which is what the default ran at 60 x 5 until then (its pools were under 8k tokens)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 60x5 \
+      --attention pallas pallas:triton --methods fp16 windowquant kivi2 kivi4 A B --out "$out" --budget-s 200 \
+      --tag ${tag}_pool512 ;;
   combine_step)  # the merge in one launch at every batch, in the 7B step where XLA's kernels merge by default
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 1x100 20x5 \
       --attention pallas pallas:fused_combine --methods windowquant fp16 --out "$out" --budget-s 200 \
       --tag ${tag}_fused_combine ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8" >&2; exit 2 ;;
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512" >&2; exit 2 ;;
 esac

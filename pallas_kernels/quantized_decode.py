@@ -171,9 +171,13 @@ class DecodeConfig:
   # default's large launches kept XLA's merge: 10.09 ms in the same run). Session 28: every pool the
   # large-batch kernel serves (INT2, INT4, KIVI's) of 8k tokens or more, not INT2 pools of 16k only: the mixed
   # plan at batch 60 x 32k (its INT4 pool 11.5k tokens) 711.6 µs against 739.5 with the INT4 pool in Triton
-  # (`decode_attention_b60_pool8k_s28.md`, `decode_attention_b60_s28.md`).
+  # (`decode_attention_b60_pool8k_s28.md`, `decode_attention_b60_s28.md`). Session 33: pools of 512 tokens or
+  # more (8k until then). The 7B step at 60 x 5 frames (pools of 27-29 windows a layer) on an H100, every pool
+  # through the Mosaic kernel against every pool through Triton's, ms: windowquant 6.963 against 7.083, kivi2
+  # 7.117 against 7.381, kivi4 7.261 against 7.634, rtn4 6.973 against 7.040
+  # (`decode_throughput_*_s33_small_h100.md`, one run).
   mosaic_min_pairs: int | None = 128
-  mosaic_min_pool_tokens: int = 1 << 13
+  mosaic_min_pool_tokens: int = 1 << 9
   mosaic_min_splits: int = 8  # `mosaic_splits` starts its search here, or at one wave of programs if more
 
 
