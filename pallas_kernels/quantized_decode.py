@@ -310,10 +310,10 @@ MOSAIC_LEAN_EIGHT = dataclasses.replace(
 # in sessions 30-31 (above), before it
 # MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
 # against 10.13, kivi2 9.04 against 12.94, kivi4 9.58 against 10.32, `decode_throughput_*_s28_lean_all_gpu.md`),
-# with the launches' partials merged in one Pallas launch
-# (`combine_with_heads_last_kernel`) where XLA takes five or more small kernels a layer. The merged combine: 9.98
-# ms against 10.09 with XLA's merge at 32 x 100 (session 24); for two Mosaic launches (INT2 and INT4 pools) it
-# replaces a transposed, concatenated copy and the combine kernel (~40 µs of 545 at batch 60 x 32k, mix; untimed).
+# with the launches' partials merged in one Pallas launch (`combine_kernel`; `combine_with_heads_last_kernel`
+# until s33) where XLA takes five or more small kernels a layer. The merged combine: 9.98 ms against 10.09 with
+# XLA's merge at 32 x 100 (session 24); for two Mosaic launches (INT2 and INT4 pools) it replaces a transposed,
+# concatenated copy and the combine kernel (~40 µs of 545 at batch 60 x 32k, mix; untimed).
 LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_LEAN_EIGHT, k) for k in (
     "mosaic_programs_per_multiprocessor", "mosaic_options", "fused_combine", "mosaic_min_splits", "int4_mosaic",
     "kivi_mosaic")}
