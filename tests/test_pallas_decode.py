@@ -270,10 +270,10 @@ def test_phases_in_parallel_only_within_two_waves():
   assert qd.phases_in_parallel(dataclasses.replace(cfg, parallel_phases=True), 10_000, 2)
 
 
-@pytest.mark.parametrize("parts,group,blocks", [(13, 7, 1), (4, 8, 4), (1, 7, None), (99, 7, 2), (5, 1, 8)])
+@pytest.mark.parametrize("parts,group,blocks", [(13, 7, 1), (4, 8, 4), (1, 7, None), (99, 7, 2), (5, 1, 8), (6, 16, 2)])
 def test_combine_kernel_matches_combine_splits(parts, group, blocks):
   """The one-launch combine of one set against XLA's, on fresh partial softmaxes: empty parts (m at its start
-  value, l = 0), a looped part count (99), one to eight channel blocks and the grid's own choice."""
+  value, l = 0), a looped part count (99), one to eight channel blocks and the grid's own choice, 16 heads."""
   b, kh, gp, h = 3, 2, 16, 128
   k1, k2, k3, k4 = jax.random.split(jax.random.PRNGKey(parts * 10 + group), 4)
   o = jax.random.normal(k1, (b, kh, parts, gp, h)) * 5
