@@ -135,7 +135,9 @@ class DecodeConfig:
   # (max, weights and sum, weighted sum, slice to G rows). Off by default at small batches: with one program a
   # (request, KV head) merging its parts in turn (until session 33) it was slower where it was meant to help,
   # 22-42 µs a launch at batch 1 against ~6 µs of XLA's kernels (1 x 100 frames: 6.85 against 6.44 ms a step,
-  # fp16, H200, 2026-12-03); `LARGE_BATCH_MOSAIC` takes it. Since session 33 its grid adds channel blocks.
+  # fp16, H200, 2026-12-03); `LARGE_BATCH_MOSAIC` takes it. Since session 33 its grid adds channel blocks, and
+  # at small batches it still loses: 1 x 100, windowquant 6.274 against 6.067 ms, fp16 6.180 against 6.092 (H100,
+  # `decode_throughput_*_s33_fused_combine_h100.md`).
   fused_combine: bool = False
   combine_channel_blocks: int | None = None  # the combine's channel blocks; None: `combine_channel_blocks`
   # The INT2 pool (window-wise key and value scales, window 32, head dim 128, G <= 8) in a launch of
@@ -1083,7 +1085,7 @@ def _combine_body(*refs, kinds: tuple, rows: int, group: int, width: int):
   out_ref = refs[-1]
 
   def chunks(i, fn, state):  # fn(i, first, c, fresh, state) over set i's parts, c at a time
-    heads_last, parts, c = kinds[i]
+    _, parts, c = kinds[i]
     n = pl.cdiv(parts, c)
 
     def body(k, state):  # the last chunk starts early to stay in bounds; rows seen before are not fresh
@@ -1153,8 +1155,8 @@ def combine_kernel(sets, group: int, *, channel_blocks: int | None = None, confi
       raise ValueError(f"combine_kernel: a set of {m.shape[3]} rows for {group} heads")
     parts = o.shape[2]
     kinds.append([last, parts])
-    inputs += [o.reshape(n * parts, *o.shape[3:4], -1) if last else o.reshape(n * parts, *o.shape[3:]),
-               m.reshape(n * m.shape[2] // (2 if last else 1), -1), l.reshape(n * l.shape[2] // (2 if last else 1), -1)]
+    # a part's rows: o [Gp, H] or heads last [H, 2 * 8]; m and l [Gp] or [2 * 8]
+    inputs += [o.reshape(n * parts, o.shape[3], -1), m.reshape(n * parts, -1), l.reshape(n * parts, -1)]
   blocks = channel_blocks or combine_channel_blocks(n, h, config)
   width = h // blocks
   for kind in kinds:  # parts a load: a power of two, no more than the set has

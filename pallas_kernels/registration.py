@@ -39,8 +39,8 @@
                                      runs at large batches since s32 (all-INT2 5 % faster on H100 and H200)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
-    "pallas:combine_one_block"  the default, its merged combine (large batches) one program a (request, KV head)
-                                as before s33, no channel blocks
+    "pallas:combine_one_block"  the default, its merged combine (large batches) on one program a (request, KV
+                                head), the grid before s33 (no channel blocks)
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
