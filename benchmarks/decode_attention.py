@@ -57,14 +57,17 @@ def window_counts(tokens: int, plan: str) -> tuple[int, int, int]:
   return n16, n4, windows - n16 - n4
 
 
-def synthetic_cache(key, batch: int, tokens: int, plan: str) -> KVCache:
-  """A single-layer cache with random codes, scales and values, pools exactly as large as the plan."""
+def synthetic_cache(key, batch: int, tokens: int, plan: str, layers: int = 1) -> KVCache:
+  """A cache of `layers` layers (one by default) with random codes, scales and values, each layer's windows
+  as many as the plan gives it, every layer's windows of a precision in one pool (as a model's cache holds
+  them)."""
   counts = window_counts(tokens, plan)
   group = 32 if plan.startswith("kivi") else 0  # KIVI's values: a scale a token and group of 32 channels
   keys = iter(jax.random.split(key, 16))
   bk = (batch, KV_HEADS)
 
   def pool(bits, n, channel_group=0):
+    n *= layers
     t = n * WINDOW
     if bits == 16:
       return Pool(jax.random.normal(next(keys), (*bk, t, HEAD_DIM), jnp.bfloat16), None, None, bits=16)
@@ -77,10 +80,11 @@ def synthetic_cache(key, batch: int, tokens: int, plan: str) -> KVCache:
   k_pools = tuple(pool(bits, n) for bits, n in zip(cache.POOL_BITS, counts))
   v_pools = tuple(pool(bits, n, group if bits != 16 else 0) for bits, n in zip(cache.POOL_BITS, counts))
   rest_len = tokens - sum(counts) * WINDOW
-  rest = lambda: jax.random.normal(next(keys), (1, *bk, rest_len + NEW, HEAD_DIM), jnp.bfloat16)
+  rest = lambda: jax.random.normal(next(keys), (layers, *bk, rest_len + NEW, HEAD_DIM), jnp.bfloat16)
   return KVCache(
       k_pools=k_pools, v_pools=v_pools,
-      offsets=jnp.zeros((3, 1), jnp.int32), counts=jnp.array(counts, jnp.int32)[:, None],
+      offsets=jnp.array(counts, jnp.int32)[:, None] * jnp.arange(layers, dtype=jnp.int32),
+      counts=jnp.tile(jnp.array(counts, jnp.int32)[:, None], (1, layers)),
       rest_k=rest(), rest_v=rest(), rest_len=jnp.full((batch,), rest_len, jnp.int32),
       window_size=WINDOW, slice_windows=counts)
 
@@ -99,21 +103,25 @@ def copies(make, nbytes: int, inner: int):
 COMPILER_OPTIONS: dict = {}
 
 
-def compile_calls(fn, inputs, queries):
-  """fn(q, *inputs[i]) for each of the queries, in one compiled jit; and the seconds it took to compile."""
+def compile_calls(fn, inputs, queries, layered: bool = False):
+  """fn(q, *inputs[i]) for each of the queries, in one compiled jit; and the seconds it took to compile.
+  `layered`: inputs is [(cache,)] of as many layers as queries, and call i is fn(q, cache, layer=i)."""
   inner = len(queries)
-  many = jax.jit(lambda ins, qs: [fn(qs[i], *ins[i % len(ins)]) for i in range(inner)])
+  if layered:
+    many = jax.jit(lambda ins, qs: [fn(qs[i], *ins[0], layer=i) for i in range(inner)])
+  else:
+    many = jax.jit(lambda ins, qs: [fn(qs[i], *ins[i % len(ins)]) for i in range(inner)])
   t0 = time.perf_counter()
   compiled = many.lower(inputs, queries).compile(COMPILER_OPTIONS or None)
   return compiled, time.perf_counter() - t0
 
 
-def bench(fn, inputs, queries, repeats=7, compiled=None):
+def bench(fn, inputs, queries, repeats=7, compiled=None, layered=False):
   """Median seconds a call of fn(q, *inputs[i]) takes, from `len(queries)` calls in one jit."""
   inner = len(queries)
   compile_s = 0.0
   if compiled is None:
-    compiled, compile_s = compile_calls(fn, inputs, queries)
+    compiled, compile_s = compile_calls(fn, inputs, queries, layered)
   outs = jax.block_until_ready(compiled(inputs, queries))
   finite = all(bool(jnp.isfinite(x).all()) for o in outs[:2] for x in jax.tree.leaves(o))
   times = []
@@ -125,7 +133,7 @@ def bench(fn, inputs, queries, repeats=7, compiled=None):
     else:
       jax.block_until_ready(compiled(inputs, queries))
       times.append(time.perf_counter() - t0)
-  return float(np.median(times)) / inner, compile_s, finite, outs[0]
+  return float(np.median(times)) / inner, compile_s, finite, outs
 
 
 def device_time(compiled, inputs, queries):
@@ -162,6 +170,11 @@ def device_time(compiled, inputs, queries):
 # Calls per timed dispatch where `--inner` fixes it: the clock then shows what a dispatch costs beyond its
 # kernels (per call, it falls as 1 / inner where the cost is the dispatch's, not the calls').
 INNER_CALLS: int | None = None
+# Small calls (`--layered`): one cache of as many layers as the calls a dispatch, each call reading its layer in
+# place as a decode step does, rather than a cache a call: a dispatch then passes ~20 arrays, not ~20 a call,
+# whose handling on the host outlasted the GPU's work at batch 1 x 1k (H100, s34: 35.7 µs a call on the clock
+# against 9.5 of GPU span). cudnn keeps its FP16 [B, T, K, H] arrays a call (two plain arrays a call).
+LAYERED = False
 # Dispatches sent before one wait (`--back-to-back`), so the host's work a dispatch overlaps the GPU's: a
 # clock time that excludes the wait's round trip (default 0: wait after each dispatch).
 BACK_TO_BACK = 0
@@ -181,24 +194,25 @@ def inner_calls(nbytes: int) -> int:
 def pallas_fn(config: qd.DecodeConfig | None, implementation: str = "pallas"):
   """The attention call to time: a registered implementation, or the kernel with tiling `config`."""
   if config is None:
-    return lambda q, c: attention.decode_attention(q, c.layer(0), implementation=implementation)
+    return lambda q, c, layer=0: attention.decode_attention(q, c.layer(layer, stacked=True),
+                                                           implementation=implementation)
 
-  def run(q, c):
-    layer = c.layer(0)
+  def run(q, c, layer=0):
+    layer = c.layer(layer, stacked=True)
     b, n, h = q.shape
     qg = q.reshape(b, KV_HEADS, n // KV_HEADS, h)  # the kernel scales q, as the registered path has it do
     pools = [tuple(registration._arrays(p, w) for p, w in zip(ps, layer.slice_windows))
              for ps in (layer.k_pools, layer.v_pools)]
     out = qd.quantized_decode(qg, *pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v,
                               layer.rest_len, window_size=WINDOW, config=config, q_scale=h ** -0.5,
-                              tokens_hint=sum(layer.slice_windows) * WINDOW + layer.rest_k.shape[2],
-                              interpret=jax.default_backend() == "cpu")
+                              tokens_hint=sum(layer.slice_windows) * WINDOW + layer.capacity,
+                              rest_layer=layer.layer, interpret=jax.default_backend() == "cpu")
     return out.reshape(b, n, h).astype(q.dtype)
   return run
 
 
-def xla_fn(q, c):
-  return attention.decode_attention(q, c.layer(0), implementation="xla")
+def xla_fn(q, c, layer=0):
+  return attention.decode_attention(q, c.layer(layer), implementation="xla")
 
 
 def cudnn_fn(q, k, v):
@@ -218,14 +232,19 @@ def measure(batch, tokens, plan, *, key, config=None, with_xla=True, gpu_time=Fa
   c0 = synthetic_cache(key, batch, tokens, plan)
   nbytes = c0.nbytes
   inner = inner_calls(nbytes)
-  caches = [c0] + copies(lambda i: jax.tree.map(lambda x: x + 0 if x.dtype != jnp.uint8 else x ^ jnp.uint8(i + 1),
-                                                c0), nbytes, inner)[1:]
+  layered = LAYERED and inner > 1
+  if layered:  # one cache, a layer a call (`LAYERED`)
+    caches = [synthetic_cache(key, batch, tokens, plan, layers=inner)]
+  else:
+    caches = [c0] + copies(lambda i: jax.tree.map(
+        lambda x: x + 0 if x.dtype != jnp.uint8 else x ^ jnp.uint8(i + 1), c0), nbytes, inner)[1:]
   qs = queries(jax.random.fold_in(key, 1), batch, inner)
-  row = dict(batch=batch, tokens=tokens, plan=plan, bytes=nbytes, inner=inner, copies=len(caches),
+  row = dict(batch=batch, tokens=tokens, plan=plan, bytes=nbytes, inner=inner, layered=layered,
+             copies=inner if layered else len(caches),
              windows=list(window_counts(tokens, plan)), config=dataclasses.asdict(config or qd.DecodeConfig()),
              splits=qd.num_splits(batch, KV_HEADS, tokens, config or qd.DecodeConfig()))
   inputs = [(c,) for c in caches]
-  compiled, comp = compile_calls(pallas_fn(config), inputs, qs)
+  compiled, comp = compile_calls(pallas_fn(config), inputs, qs, layered)
   t, _, finite, out = bench(pallas_fn(config), inputs, qs, compiled=compiled)
   row.update(pallas_s=t, pallas_compile_s=comp, pallas_finite=finite, pallas_TBps=nbytes / t / 1e12)
   if gpu_time:  # the kernels a call, from a profile: where a plan's launches spend it
@@ -236,9 +255,11 @@ def measure(batch, tokens, plan, *, key, config=None, with_xla=True, gpu_time=Fa
   if with_xla and 4 * batch * KV_HEADS * tokens * HEAD_DIM * 4 < 40e9:
     try:
       # One distinct cache a call: the dequantization does not depend on q, so shared caches would be CSE'd.
-      k = min(len(caches), 4)
-      t, comp, finite, ref = bench(xla_fn, [(c,) for c in caches[:k]], qs[:k], repeats=5)
-      row.update(xla_s=t, xla_compile_s=comp, xla_finite=finite, pallas_vs_xla_rel_err=rel_err(out, ref))
+      k = min(inner, 4)
+      t, comp, finite, ref = bench(xla_fn, inputs[:k], qs[:k], repeats=5, layered=layered)
+      # the last call both ran: a layer other than the first where `layered` (its pools at an offset)
+      row.update(xla_s=t, xla_compile_s=comp, xla_finite=finite, pallas_vs_xla_rel_err=rel_err(out[k - 1],
+                                                                                               ref[k - 1]))
     except Exception as e:
       row["xla_error"] = repr(e)[:300]
   del caches
@@ -475,6 +496,14 @@ VARIANTS = {
     # phase's memory-bound programs and the INT2 phase's instruction-bound ones share the SMs at batch 8 x 32k
     "parallel_phases": qd.DecodeConfig(parallel_phases=True),
     "eight_parallel_phases": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, parallel_phases=True),
+    # s34, batch 1 x 1k (a few programs a phase, each a step or two long: the launch, q's load, the pipeline's
+    # fill and the merge are the time): fewer splits (256 or 512 keys at least, J = 4 or 2), two pipeline
+    # stages, and one program a (request, KV head) running its phases in turn (one partial: the merge is a
+    # division)
+    "split256": qd.DecodeConfig(min_tokens_per_split=256),
+    "split512": qd.DecodeConfig(min_tokens_per_split=512),
+    "stages2": qd.DecodeConfig(num_stages=2),
+    "one_program": qd.DecodeConfig(min_tokens_per_split=1 << 30, parallel_phases=False),
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=tuple(mi.VARIANTS["deferred_values_first_block2"].items())),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)
@@ -512,7 +541,9 @@ def markdown(report) -> str:
            "- timing: median of 7 timed repeats, each "
            + (f"{report['back_to_back']} dispatches sent back to back, then one wait" if report.get("back_to_back")
               else "one dispatch and a wait for it")
-           + "; a dispatch is " + (f"{report['inner']} calls" if report.get("inner") else "`inner` calls (~2 ms of work)"),
+           + "; a dispatch is " + (f"{report['inner']} calls" if report.get("inner") else "`inner` calls (~2 ms of work)")
+           + ("; the kernel's calls of a dispatch read the layers of one cache in place (`--layered`), cudnn's a"
+              " cache each" if report.get("layered") else ""),
            "- copy bandwidth (bytes read + written): " + ", ".join(
                f"{k} {v:.2f} TB/s" for k, v in report["copy"].items() if k.endswith("TBps")),
            *([f"- XLA options of every timed call: `{json.dumps(report['compiler_options'])}`"]
@@ -632,18 +663,21 @@ def main(argv=None):
                   help='XLA options of every timed call, as JSON: \'{"xla_gpu_enable_command_buffer": ""}\'')
   ap.add_argument("--inner", type=int, default=None, help="calls a timed dispatch (default: ~2 ms of work)")
   ap.add_argument("--back-to-back", type=int, default=0, help="dispatches a timed repeat sends before its wait")
+  ap.add_argument("--layered", action="store_true",
+                  help="small calls read the layers of one cache in place, not a cache each (see LAYERED)")
   ap.add_argument("--out", default="benchmarks/results")
   ap.add_argument("--tag", default="decode_attention")
   args = ap.parse_args(argv)
   COMPILER_OPTIONS.update(args.compiler_options)
-  global INNER_CALLS, BACK_TO_BACK
-  INNER_CALLS, BACK_TO_BACK = args.inner, args.back_to_back
+  global INNER_CALLS, BACK_TO_BACK, LAYERED
+  INNER_CALLS, BACK_TO_BACK, LAYERED = args.inner, args.back_to_back, args.layered
   start = time.time()
   device = jax.devices()[0]
   report = dict(command="PYTHONPATH=. python " + " ".join(sys.argv),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=f"{device.device_kind} ({device.platform})", jax=jax.__version__, host=platform.node(),
                 compiler_options=args.compiler_options, back_to_back=args.back_to_back, inner=args.inner,
+                layered=args.layered,
                 results=[], variants={}, checks=[], skipped=[], breakdown=[], phases=[])
   report["copy"] = copy_bandwidth() if device.platform == "gpu" else {"jnp_elementwise_TBps": float("nan")}
   print("copy", report["copy"], flush=True)

@@ -41,3 +41,19 @@ def test_gpu_time_rows_compare_with_cudnn_on_the_gpu_too():
   table = text[text.index("GPU time a call"):]
   assert "| 1 | 1024 | mix | 8.0 | 0.10 | 2 | 6.0 | 0.75 | 0.29 |" in table  # 0.8 MB / 8 µs; 6 / 8; / (2.1 / 0.8)
   assert "| 8 | 1024 |" not in table
+
+
+def test_layered_calls_read_each_layer_of_one_cache_in_place():
+  """`--layered`: one synthetic cache of L layers, call i reading layer i in place (its pools at an offset, its
+  rest segment in the stacked array), equals the XLA path on that layer; and each layer holds the plan's windows."""
+  import jax
+  c = da.synthetic_cache(jax.random.PRNGKey(3), 1, da.TEXT + 5 * da.WINDOW, "mix", layers=3)
+  assert c.num_layers == 3 and c.counts.T.tolist() == [list(da.window_counts(da.TEXT + 5 * da.WINDOW, "mix"))] * 3
+  assert c.offsets[:, 2].tolist() == [2 * n for n in c.counts[:, 0].tolist()]
+  qs = da.queries(jax.random.PRNGKey(4), 1, 3)
+  compiled, _ = da.compile_calls(da.pallas_fn(None), [(c,)], qs, layered=True)
+  got = compiled([(c,)], qs)
+  want = [da.xla_fn(q, c, layer=i) for i, q in enumerate(qs)]
+  for g, w in zip(got, want):
+    assert da.rel_err(g, w) < 1e-2
+  assert da.rel_err(got[2], da.xla_fn(qs[2], c, layer=1)) > 0.1  # layers differ: a wrong offset would show
