@@ -192,11 +192,10 @@ def inner_calls(nbytes: int) -> int:
 
 
 def pallas_fn(config: qd.DecodeConfig | None, implementation: str = "pallas"):
-  """The attention call to time: a registered implementation (config None, or the name of one), or the kernel
-  with tiling `config`."""
-  if config is None or isinstance(config, str):
+  """The attention call to time: a registered implementation, or the kernel with tiling `config`."""
+  if config is None:
     return lambda q, c, layer=0: attention.decode_attention(q, c.layer(layer, stacked=True),
-                                                           implementation=config or implementation)
+                                                           implementation=implementation)
 
   def run(q, c, layer=0):
     layer = c.layer(layer, stacked=True)
@@ -240,11 +239,10 @@ def measure(batch, tokens, plan, *, key, config=None, with_xla=True, gpu_time=Fa
     caches = [c0] + copies(lambda i: jax.tree.map(
         lambda x: x + 0 if x.dtype != jnp.uint8 else x ^ jnp.uint8(i + 1), c0), nbytes, inner)[1:]
   qs = queries(jax.random.fold_in(key, 1), batch, inner)
-  tiling = registration.CONFIGS[config] if isinstance(config, str) else config or qd.DecodeConfig()
   row = dict(batch=batch, tokens=tokens, plan=plan, bytes=nbytes, inner=inner, layered=layered,
-             copies=inner if layered else len(caches), implementation=config if isinstance(config, str) else None,
-             windows=list(window_counts(tokens, plan)), config=dataclasses.asdict(tiling),
-             splits=qd.num_splits(batch, KV_HEADS, tokens, tiling))
+             copies=inner if layered else len(caches),
+             windows=list(window_counts(tokens, plan)), config=dataclasses.asdict(config or qd.DecodeConfig()),
+             splits=qd.num_splits(batch, KV_HEADS, tokens, config or qd.DecodeConfig()))
   inputs = [(c,) for c in caches]
   compiled, comp = compile_calls(pallas_fn(config), inputs, qs, layered)
   t, _, finite, out = bench(pallas_fn(config), inputs, qs, compiled=compiled)
@@ -502,7 +500,6 @@ VARIANTS = {
     # fill and the merge are the time): fewer splits (256 or 512 keys at least, J = 4 or 2), two pipeline
     # stages, and one program a (request, KV head) running its phases in turn (one partial: the merge is a
     # division)
-    "sliced_ranges": "pallas:sliced_ranges",  # the registered default, each layer's ranges sliced first (s34)
     "split256": qd.DecodeConfig(min_tokens_per_split=256),
     "split512": qd.DecodeConfig(min_tokens_per_split=512),
     "stages2": qd.DecodeConfig(num_stages=2),
@@ -724,8 +721,7 @@ def main(argv=None):
         print(f"variant {label} failed: {e!r}"[:800], flush=True)
       save()
   config = VARIANTS[best] if best else None
-  report["sweep_config"] = dict(name=best or "default", **dataclasses.asdict(
-      registration.CONFIGS[config] if isinstance(config, str) else config or qd.DecodeConfig()))
+  report["sweep_config"] = dict(name=best or "default", **dataclasses.asdict(config or qd.DecodeConfig()))
   if best:
     for plan in [p for p in ("int2", "kivi2") if p not in variant_plans]:
       r = report["variants"][f"{best}+{plan}"] = measure(variant_batch, variant_tokens, plan, key=key, config=config,

@@ -24,14 +24,12 @@
 #   bash benchmarks/kernel_experiments.sh combine_step  # (s33) the merge in one launch at small batches, 7B step
 #   bash benchmarks/kernel_experiments.sh batch8    # (s33) batch 8 x 32k, a program a phase; 1 x 1k, many calls
 #   bash benchmarks/kernel_experiments.sh pool512   # (s33) 60 x 5: the default's Mosaic pools from 512 tokens
-#   bash benchmarks/kernel_experiments.sh s34_small # (s34) batch 1 x 1k, --layered: ranges in place or sliced
-#   bash benchmarks/kernel_experiments.sh s34_step  # (s34) the 7B step at 1 x 100 and 60 x 5, the same two
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
 # `bars` on an H100 in s32, when `default` was still the folded kernel and eight was named apart.
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
-tag=${TAG:-s34}  # results' names: mosaic_int2_<tag>_folded, ...
+tag=${TAG:-s33}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 case "${1:-}" in
   kernels)
@@ -106,15 +104,5 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 1x100 20x5 \
       --attention pallas pallas:fused_combine --methods windowquant fp16 --out "$out" --budget-s 200 \
       --tag ${tag}_fused_combine ;;
-  s34_small)  # (s34) batch 1 x 1k timed on one cache of many layers (`--layered`), each call's ranges read in
-              # place by the kernel (the default since s34) or sliced first (`sliced_ranges`), and two tilings
-    timeout 150 python benchmarks/decode_attention.py --layered --gpu-time --batches 1 --tokens 1024 \
-      --plans mix,fp16 --variant-shape 1,1024 --variant-plans mix --variants default,sliced_ranges,split256,stages2 \
-      --out "$out" --tag ${tag}_small_layered || echo "(stopped: s34_small)" ;;
-  s34_step)  # (s34) the 7B step with each layer's ranges read in place against sliced first
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 1x100 60x5 \
-      --attention pallas pallas:sliced_ranges --methods fp16 windowquant --out "$out" --budget-s 300 \
-      --tag ${tag}_ranges ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|s34_small|s34_step" >&2
-     exit 2 ;;
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512" >&2; exit 2 ;;
 esac

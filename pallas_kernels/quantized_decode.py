@@ -627,7 +627,7 @@ def _fresh(rows: int, width: int, parts: int):
 
 def _kernel(offsets_ref, counts_ref, rest_len_ref, layer_ref, sizes_ref, q_ref, *refs, segments: tuple[_Segment, ...],
             kv_heads, group, padded_group, window, rest_block, with_rest: bool, phases: int,
-            parallel_phases: bool, q_scale: float, cfg: DecodeConfig, range_columns: int):
+            parallel_phases: bool, q_scale: float, cfg: DecodeConfig):
   """One (request, KV head, split): its share of every segment, as partial softmaxes (o, m, l).
 
   Phase 0 holds the high-precision pools and the rest segment (if `with_rest`:
@@ -664,17 +664,13 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, layer_ref, sizes_ref, q_ref, 
 
   exp2 = _exp2_ftz if cfg.inline_asm and cfg.fast_exp2 else jnp.exp2
 
-  def ranges(seg):  # the layer's first window and windows in seg's pool, its tokens a (request, head)
-    at = seg.index * range_columns + (layer_ref[0] if range_columns > 1 else 0)  # every layer's: column `layer`
-    return offsets_ref[at], counts_ref[at], sizes_ref[_TOKENS + seg.index]
-
   def dense_phase():
     q = load_q(pl.ds(0, head_dim))  # f32 [Gp, H]
     m, l, (o,) = _fresh(padded_group, head_dim, 1)
     state = m, l, o
     for seg, refs_ in zip(segments, seg_refs):
       if seg.bits == 16:
-        offset, count, tokens = ranges(seg)
+        offset, count, tokens = offsets_ref[seg.index], counts_ref[seg.index], sizes_ref[_TOKENS + seg.index]
         state = _dense_segment(state, q, *refs_, bk * tokens, tokens, offset * window, (offset + count) * window,
                                block=seg.block, split=split, num_splits=num_splits,
                                deferred_sum=cfg.deferred_sum, exp2=exp2)
@@ -688,7 +684,7 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, layer_ref, sizes_ref, q_ref, 
   def quantized_phase(seg, refs_):
     width = head_dim * seg.bits // 8
     q_parts = [load_q(pl.ds(k * width, width)) for k in range(8 // seg.bits)]
-    offset, count, tokens = ranges(seg)
+    offset, count, tokens = offsets_ref[seg.index], counts_ref[seg.index], sizes_ref[_TOKENS + seg.index]
     # The factored form sums each window's row of p anyway (its value sums need it): no deferred sum.
     segment = _factored_segment if cfg.factored else functools.partial(_quantized_segment,
                                                                        deferred_sum=cfg.deferred_sum)
@@ -749,8 +745,8 @@ def quantized_decode(
     qg: Float[Array, "B K G H"],
     k_pools: Sequence[PoolArrays | None],
     v_pools: Sequence[PoolArrays | None],
-    offsets: Int[Array, "3"] | Int[Array, "3 L"],
-    counts: Int[Array, "3"] | Int[Array, "3 L"],
+    offsets: Int[Array, "3"],
+    counts: Int[Array, "3"],
     rest_k: Float[Array, "B K R H"] | Float[Array, "L B K R H"],
     rest_v: Float[Array, "B K R H"] | Float[Array, "L B K R H"],
     rest_len: Int[Array, "B"],
@@ -770,8 +766,7 @@ def quantized_decode(
   `tokens_hint` (static) bounds the layer's tokens and `pool_tokens` its tokens
   in each pool (default: the pools' sizes); they set the split counts. With
   `rest_layer`, rest_k and rest_v are every layer's and the kernel reads
-  layer `rest_layer`'s rows in place; so are offsets and counts where they are
-  every layer's [3, L] (the kernel reads their column `rest_layer`).
+  layer `rest_layer`'s rows in place.
   """
   # `config` as this launch takes it (`for_launch`): a large one merges its sets as `LARGE_BATCH_MOSAIC` says.
   sets, config = _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
@@ -837,8 +832,6 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
   if tokens_hint is None:
     tokens_hint = rest_k.shape[-2] + sum(pool_tokens[i] for i in present)
   q = qg.reshape(b * kh * g, h)  # the kernel pads a head's G rows to Gp and scales them as it loads them
-  if offsets.ndim == 2 and rest_layer is None:
-    raise ValueError("every layer's offsets and counts [3, L] need `rest_layer`: the layer whose column to read")
   layer = jnp.zeros((1,), jnp.int32) if rest_layer is None else jnp.reshape(rest_layer, (1,)).astype(jnp.int32)
   launch = functools.partial(_launch, q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, layer,
                              window_size=window_size, q_scale=q_scale, interpret=interpret)
@@ -859,7 +852,7 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
         tokens_hint=tokens_hint - sum(pool_tokens[i] for i in mosaic), pool_tokens=pool_tokens, config=triton,
         q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
     return [*triton_sets,
-            *[_mosaic_int2_partials(qg, k_pools[i], v_pools[i], *_layer_range(offsets, counts, i, rest_layer),
+            *[_mosaic_int2_partials(qg, k_pools[i], v_pools[i], offsets[i], counts[i],
                                     windows=pool_tokens[i] // window_size, config=config, q_scale=q_scale,
                                     interpret=interpret) for i in mosaic]], config
   int4 = [i for i in present if k_pools[i].bits == 4]
@@ -869,13 +862,6 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
              launch(int4, False, sum(pool_tokens[i] for i in int4), config.int4_launch)]
     return parts, requested  # two sets, merged where they lie
   return [launch(present, True, tokens_hint, config)], requested
-
-
-def _layer_range(offsets, counts, pool: int, layer):
-  """The layer's (first window, windows) in `pool`, from its [3] ranges or every layer's [3, L] (column `layer`)."""
-  if offsets.ndim == 2:
-    return offsets[pool, layer], counts[pool, layer]
-  return offsets[pool], counts[pool]
 
 
 def for_launch(config: DecodeConfig, pairs: int, pool_tokens: int, *, interpret: bool) -> DecodeConfig:
@@ -1012,8 +998,7 @@ def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, 
       _kernel, segments=tuple(segments), kv_heads=kh, group=g, padded_group=gp, window=window_size,
       rest_block=min(config.dense_tokens, _pow2_floor(rest_k.shape[-2])), with_rest=with_rest,
       phases=phases, parallel_phases=parallel, q_scale=q_scale,
-      cfg=dataclasses.replace(config, inline_asm=config.inline_asm and not interpret),
-      range_columns=offsets.shape[1] if offsets.ndim == 2 else 1)
+      cfg=dataclasses.replace(config, inline_asm=config.inline_asm and not interpret))
   if parallel:  # program i: phase i % phases of (request, head, split) i // phases
     out_specs = [pl.BlockSpec((None, None, gp, h), lambda i: (i // phases, i % phases, 0, 0)),
                  pl.BlockSpec((None, None, gp), lambda i: (i // phases, i % phases, 0)),
@@ -1024,8 +1009,7 @@ def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, 
                  pl.BlockSpec((None, phases, gp), lambda i: (i, 0, 0))]
   # Whole arrays, indexed by element (not by block) so that no size becomes a constant of the code.
   whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
-  inputs = [offsets.astype(jnp.int32).reshape(-1), counts.astype(jnp.int32).reshape(-1), rest_len.astype(jnp.int32),
-            rest_layer, sizes, q,
+  inputs = [offsets.astype(jnp.int32), counts.astype(jnp.int32), rest_len.astype(jnp.int32), rest_layer, sizes, q,
             *operands]
   o, m, l = pl.pallas_call(
       kernel,

@@ -65,16 +65,12 @@ def _arrays(pool: Pool, used_windows: int) -> quantized_decode.PoolArrays | None
 CONFIGS: dict[str, quantized_decode.DecodeConfig] = {}  # what each name registered here runs
 
 
-def register_variant(name: str, config: quantized_decode.DecodeConfig, *, sliced_ranges: bool = False) -> None:
+def register_variant(name: str, config: quantized_decode.DecodeConfig) -> None:
   """Registers the kernel with tiling `config` as implementation `name` (benchmarks time variants
-  end to end this way). `sliced_ranges`: a stacked layer's offsets and counts sliced to its own [3] before
-  the launch, as until session 34 (two small XLA kernels a layer), not read in place by the kernel."""
+  end to end this way)."""
   CONFIGS[name] = config
 
   def pallas_attention(qg: Float[Array, "B K G H"], layer: LayerCache, *, scale: float) -> Float[Array, "B K G H"]:
-    if sliced_ranges and layer.layer is not None:
-      offsets, counts = layer.ranges()
-      layer = layer.replace(offsets=offsets, counts=counts)
     k_pools = tuple(_arrays(p, n) for p, n in zip(layer.k_pools, layer.slice_windows))
     v_pools = tuple(_arrays(p, n) for p, n in zip(layer.v_pools, layer.slice_windows))
     # The most tokens a layer can own: it sets the split count, so it must be static.
@@ -92,7 +88,6 @@ register_variant("pallas", quantized_decode.DecodeConfig())
 register_variant("pallas:triton", quantized_decode.TRITON_ONLY)
 register_variant("pallas:fused_combine", quantized_decode.DecodeConfig(fused_combine=True))
 register_variant("pallas:combine_one_block", quantized_decode.DecodeConfig(combine_channel_blocks=1))
-register_variant("pallas:sliced_ranges", quantized_decode.DecodeConfig(), sliced_ranges=True)
 if mosaic_int2.available():
   register_variant("pallas:mosaic_int2", quantized_decode.DecodeConfig(int2_mosaic=True))
   register_variant("pallas:mosaic_int2_bias", quantized_decode.MOSAIC_BIAS_IN_KERNEL)

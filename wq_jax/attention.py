@@ -116,10 +116,9 @@ def _pool_slice(layer: LayerCache, p: int):
   n = layer.slice_windows[p]
   s = layer.window_size
   pool_windows = layer.k_pools[p].data.shape[2] // s
-  offsets, counts = layer.ranges()
-  start = jnp.clip(offsets[p], 0, pool_windows - n)
+  start = jnp.clip(layer.offsets[p], 0, pool_windows - n)
   idx = start + jnp.arange(n)
-  valid = (idx >= offsets[p]) & (idx < offsets[p] + counts[p])
+  valid = (idx >= layer.offsets[p]) & (idx < layer.offsets[p] + layer.counts[p])
   return start, n, valid
 
 

@@ -62,14 +62,12 @@ class LayerCache:
   With `layer` set, rest_k and rest_v are every layer's [L, B, K, R, H] and
   this layer's is rest_k[layer] (`own_rest`): decode appends into the stacked
   segment in place and the Pallas kernel reads it there, where a layer's own
-  array is a copy a layer and step (XLA arrays have no views). So are offsets
-  and counts every layer's [3, L], this layer's their column `layer` (`ranges`):
-  the kernel reads it in place, where slicing it took two small kernels a layer.
+  array is a copy a layer and step (XLA arrays have no views).
   """
   k_pools: tuple[Pool, Pool, Pool]
   v_pools: tuple[Pool, Pool, Pool]
-  offsets: Int[Array, "3"] | Int[Array, "3 L"]
-  counts: Int[Array, "3"] | Int[Array, "3 L"]
+  offsets: Int[Array, "3"]
+  counts: Int[Array, "3"]
   rest_k: Float[Array, "B K R H"] | Float[Array, "L B K R H"]
   rest_v: Float[Array, "B K R H"] | Float[Array, "L B K R H"]
   rest_len: Int[Array, "B"]
@@ -80,12 +78,6 @@ class LayerCache:
   @property
   def capacity(self) -> int:
     return self.rest_k.shape[-2]
-
-  def ranges(self) -> tuple[Int[Array, "3"], Int[Array, "3"]]:
-    """This layer's first window and windows in each pool."""
-    if self.layer is None:
-      return self.offsets, self.counts
-    return self.offsets[:, self.layer], self.counts[:, self.layer]
 
   def own_rest(self) -> tuple[Float[Array, "B K R H"], Float[Array, "B K R H"]]:
     """This layer's rest keys and values."""
@@ -142,12 +134,11 @@ class KVCache:
     return sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self))
 
   def layer(self, l, *, stacked: bool = False) -> LayerCache:
-    """Layer l's view; `stacked`: over every layer's rest segment and ranges (see LayerCache), as decode
-    takes it."""
+    """Layer l's view; `stacked`: over every layer's rest segment (see LayerCache), as decode takes it."""
     rest_k, rest_v = (self.rest_k, self.rest_v) if stacked else (self.rest_k[l], self.rest_v[l])
-    offsets, counts = (self.offsets, self.counts) if stacked else (self.offsets[:, l], self.counts[:, l])
     return LayerCache(
-        k_pools=self.k_pools, v_pools=self.v_pools, offsets=offsets, counts=counts,
+        k_pools=self.k_pools, v_pools=self.v_pools,
+        offsets=self.offsets[:, l], counts=self.counts[:, l],
         rest_k=rest_k, rest_v=rest_v, rest_len=self.rest_len,
         window_size=self.window_size, slice_windows=self.slice_windows,
         layer=jnp.asarray(l, jnp.int32) if stacked else None,
