@@ -12,8 +12,10 @@ dequantize-then-attend path, all measured in the same run.
     PYTHONPATH=. python benchmarks/decode_attention.py --check    # correctness only
 
 Timing: each measurement runs `inner` independent calls inside one jit (one
-dispatch, distinct queries, caches rotated so that repeated calls do not read
-a warm L2), after a warm-up; the median over repeats, divided by `inner`.
+dispatch, distinct queries, distinct data so that repeated calls do not read a
+warm L2: the kernel's calls the layers of one cache of `inner` layers, read as
+a decode step reads them; cudnn's a cache of their own), after a warm-up; the
+median over repeats, divided by `inner`.
 Writes JSON, a markdown table and a roofline PNG to --out.
 """
 from __future__ import annotations
@@ -170,11 +172,12 @@ def device_time(compiled, inputs, queries):
 # Calls per timed dispatch where `--inner` fixes it: the clock then shows what a dispatch costs beyond its
 # kernels (per call, it falls as 1 / inner where the cost is the dispatch's, not the calls').
 INNER_CALLS: int | None = None
-# Small calls (`--layered`): one cache of as many layers as the calls a dispatch, each call reading its layer in
-# place as a decode step does, rather than a cache a call: a dispatch then passes ~20 arrays, not ~20 a call,
-# whose handling on the host outlasted the GPU's work at batch 1 x 1k (H100, s34: 35.7 µs a call on the clock
-# against 9.5 of GPU span). cudnn keeps its FP16 [B, T, K, H] arrays a call (two plain arrays a call).
-LAYERED = False
+# Small calls (the default since s34; `--cache-a-call` for the old way): one cache of as many layers as the calls
+# a dispatch, each call reading its layer as a decode step does, rather than a cache a call: a dispatch then passes
+# ~20 arrays, not ~20 a call, whose handling on the host outlasted the GPU's work at batch 1 x 1k (H100, s34:
+# 41.3 µs a call on the clock against 8.6 of GPU span, cudnn 21.0; layered 18.8 against cudnn's 17.0).
+# cudnn keeps its FP16 [B, T, K, H] arrays a call (two plain arrays a call).
+LAYERED = True
 # Dispatches sent before one wait (`--back-to-back`), so the host's work a dispatch overlaps the GPU's: a
 # clock time that excludes the wait's round trip (default 0: wait after each dispatch).
 BACK_TO_BACK = 0
@@ -663,21 +666,22 @@ def main(argv=None):
                   help='XLA options of every timed call, as JSON: \'{"xla_gpu_enable_command_buffer": ""}\'')
   ap.add_argument("--inner", type=int, default=None, help="calls a timed dispatch (default: ~2 ms of work)")
   ap.add_argument("--back-to-back", type=int, default=0, help="dispatches a timed repeat sends before its wait")
-  ap.add_argument("--layered", action="store_true",
-                  help="small calls read the layers of one cache in place, not a cache each (see LAYERED)")
+  ap.add_argument("--cache-a-call", action="store_true",
+                  help="small calls each read a cache of their own (before s34), not a layer of one (see LAYERED)")
+  ap.add_argument("--layered", action="store_true", help="(the default since s34; kept for old commands)")
   ap.add_argument("--out", default="benchmarks/results")
   ap.add_argument("--tag", default="decode_attention")
   args = ap.parse_args(argv)
   COMPILER_OPTIONS.update(args.compiler_options)
   global INNER_CALLS, BACK_TO_BACK, LAYERED
-  INNER_CALLS, BACK_TO_BACK, LAYERED = args.inner, args.back_to_back, args.layered
+  INNER_CALLS, BACK_TO_BACK, LAYERED = args.inner, args.back_to_back, not args.cache_a_call
   start = time.time()
   device = jax.devices()[0]
   report = dict(command="PYTHONPATH=. python " + " ".join(sys.argv),
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 device=f"{device.device_kind} ({device.platform})", jax=jax.__version__, host=platform.node(),
                 compiler_options=args.compiler_options, back_to_back=args.back_to_back, inner=args.inner,
-                layered=args.layered,
+                layered=not args.cache_a_call,
                 results=[], variants={}, checks=[], skipped=[], breakdown=[], phases=[])
   report["copy"] = copy_bandwidth() if device.platform == "gpu" else {"jnp_elementwise_TBps": float("nan")}
   print("copy", report["copy"], flush=True)
