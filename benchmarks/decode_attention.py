@@ -504,6 +504,9 @@ VARIANTS = {
     # stages, and one program a (request, KV head) running its phases in turn (one partial: the merge is a
     # division)
     "split256": qd.DecodeConfig(min_tokens_per_split=256),
+    # the main launch merging its own parts where it is the call's only launch (s34: written offline, untimed)
+    "merge_in_kernel": qd.DecodeConfig(merge_in_kernel=True),
+    "merge_split256": qd.DecodeConfig(merge_in_kernel=True, min_tokens_per_split=256),
     "split512": qd.DecodeConfig(min_tokens_per_split=512),
     "stages2": qd.DecodeConfig(num_stages=2),
     "one_program": qd.DecodeConfig(min_tokens_per_split=1 << 30, parallel_phases=False),
