@@ -504,12 +504,12 @@ VARIANTS = {
     # stages, and one program a (request, KV head) running its phases in turn (one partial: the merge is a
     # division)
     "split256": qd.DecodeConfig(min_tokens_per_split=256),
-    # the main launch merging its own parts where it is the call's only launch (s34: written offline, untimed)
-    "merge_in_kernel": qd.DecodeConfig(merge_in_kernel=True),
-    "merge_split256": qd.DecodeConfig(merge_in_kernel=True, min_tokens_per_split=256),
     "split512": qd.DecodeConfig(min_tokens_per_split=512),
     "stages2": qd.DecodeConfig(num_stages=2),
     "one_program": qd.DecodeConfig(min_tokens_per_split=1 << 30, parallel_phases=False),
+    # the main launch merging its own parts where it is the call's only launch (s34: written offline, untimed)
+    "merge_in_kernel": qd.DecodeConfig(merge_in_kernel=True),
+    "merge_split256": qd.DecodeConfig(merge_in_kernel=True, min_tokens_per_split=256),
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=tuple(mi.VARIANTS["deferred_values_first_block2"].items())),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)
@@ -548,8 +548,8 @@ def markdown(report) -> str:
            + (f"{report['back_to_back']} dispatches sent back to back, then one wait" if report.get("back_to_back")
               else "one dispatch and a wait for it")
            + "; a dispatch is " + (f"{report['inner']} calls" if report.get("inner") else "`inner` calls (~2 ms of work)")
-           + ("; the kernel's calls of a dispatch read the layers of one cache in place (`--layered`), cudnn's a"
-              " cache each" if report.get("layered") else ""),
+           + ("; the kernel's calls of a dispatch read the layers of one cache (the default since s34), cudnn's"
+              " a cache each" if report.get("layered") else ""),
            "- copy bandwidth (bytes read + written): " + ", ".join(
                f"{k} {v:.2f} TB/s" for k, v in report["copy"].items() if k.endswith("TBps")),
            *([f"- XLA options of every timed call: `{json.dumps(report['compiler_options'])}`"]

@@ -44,7 +44,7 @@ def test_gpu_time_rows_compare_with_cudnn_on_the_gpu_too():
 
 
 def test_layered_calls_read_each_layer_of_one_cache_in_place():
-  """`--layered`: one synthetic cache of L layers, call i reading layer i in place (its pools at an offset, its
+  """Small calls' timing (`LAYERED`, the default): one synthetic cache of L layers, call i reading layer i in place (its pools at an offset, its
   rest segment in the stacked array), equals the XLA path on that layer; and each layer holds the plan's windows."""
   import jax
   c = da.synthetic_cache(jax.random.PRNGKey(3), 1, da.TEXT + 5 * da.WINDOW, "mix", layers=3)
