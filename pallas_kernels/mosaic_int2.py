@@ -413,14 +413,34 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
   return unpack(codes, scale_ref, minimum_ref) if values else unpack(codes)
 
 
-def value_row_channels() -> np.ndarray:
+def value_row_channels(by_ldmatrix: bool = False) -> np.ndarray:
   """`values_in_registers`: the channel of each row of O^T (and of the V^T operand). Row 16w + j + 8h + 64m
   (w: the warp, j = lane // 4, h and m: the register's half and M tile, as the WGMMA layout places them) holds
   channel b + 32 (2m + h) with b = 8w + j: the four rows of a thread are the four parts of one byte column b
-  of the codes, so that each of its tokens is one byte."""
+  of the codes, so that each of its tokens is one byte. `by_ldmatrix` (`values_by_ldmatrix`): channel
+  `ldmatrix_value_channel(w, j, h, m)`, two parts of two adjacent bytes."""
   row = np.arange(HEAD_DIM)
-  column = 8 * ((row % STEP) // 16) + row % 8
-  return column + 32 * (2 * (row // STEP) + (row % 16) // 8)
+  warp, j, h, m = (row % STEP) // 16, row % 8, (row % 16) // 8, row // STEP
+  if by_ldmatrix:
+    return ldmatrix_value_channel(warp, j, h, m)
+  return 8 * warp + j + 32 * (2 * m + h)
+
+
+def ldmatrix_value_channel(warp, j, h, m):
+  """`values_by_ldmatrix`: the channel of a thread's row 16w + j + 8h + 64m of V^T (w: its warp in the
+  warpgroup, j = lane // 4): byte 16 (w % 2) + 2j + h of a token's 32 (its half-row w % 2 by `ldmatrix`, whose
+  b16 column j is bytes 2j and 2j + 1), part 2 (w // 2) + m of that byte, i.e. channel byte + 32 part. A
+  thread's channels are two adjacent pairs, so a window's scales (and minimums) of a part are one 32-bit load.
+  Works on ints and numpy arrays alike."""
+  return 16 * (warp % 2) + 2 * j + h + 32 * (2 * (warp // 2) + m)
+
+
+def ldmatrix_value_rotation(warp, h):
+  """`values_by_ldmatrix`: the right rotation of a register of `ldmatrix.trans` (bytes 2j and 2j + 1 of two
+  tokens: [b0, b1] of the first in the low half, of the second in the high) that brings byte b_h's bits of
+  parts 2 (w // 2) and + 1 to mantissa bits 6-7 and 8-9 of each half (`folded_part_constants`' parts 0 and 1):
+  parts 0-1 of b0 are bits 0-3 (left by 6), parts 2-3 bits 4-7 (left by 2), b1's 8 bits further."""
+  return (26 + 4 * (warp // 2) + 8 * h) % 32
 
 
 def value_row_byte(group: int, bits: int) -> tuple[int, int]:
@@ -551,6 +571,84 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
+def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref):
+  """`values_by_ldmatrix`: `_values_transposed` (INT2, folded minimums) with a thread's rows
+  (`ldmatrix_value_channel`) two parts of two adjacent code bytes. Two `ldmatrix.x4.trans` a thread and step
+  bring them: each of the 8 matrices is 8 tokens x 16 bytes (a half-row, the warp's: w % 2), and `.trans` gives
+  lane (j, f = lane % 4) b16 column j of tokens 2f and 2f + 1, the WGMMA operand's column pair, in the low and
+  high half of one register: 2 loads where `ld.shared.u8` took 16, and no `prmt` to pair them. A right rotation
+  a byte (`ldmatrix_value_rotation`, the amount the warp's) puts the byte's two parts at mantissa bits 6-9, one
+  LOP3 a part keeps them under their magic exponent, and one f16x2 fma with the scale and folded minimum
+  dequantizes them. The scales and minimums of a window and part are a pair of channels, one 32-bit load, and
+  one fold a pair: 8 metadata loads and 4 folds a step where the byte-column rows took 16 and 8."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm, vector
+
+  shape, row_bytes = (HEAD_DIM, STEP), HEAD_DIM // 4
+  codes_type = plgpu.RefType((plgpu.TilingTransform((8, row_bytes)), plgpu.SwizzleTransform(row_bytes)))
+
+  @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()),
+                     return_type=plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=plgpu.Layout.WGMMA))
+  def unpack(ctx, codes, scales, minimums):
+    del ctx
+    i32 = ir.IntegerType.get_signless(32)
+    half2 = ir.VectorType.get((2,), ir.F16Type.get())
+    c = lambda v: arith.constant(i32, v)
+    thread = mgpu.utils.thread_idx()
+    lane, warp = arith.andi(thread, c(31)), arith.andi(arith.shrui(thread, c(5)), c(3))
+    half_row, part_pair = arith.andi(warp, c(1)), arith.shrui(warp, c(1))
+    base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
+    quad = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
+    raw = []  # raw[i]: tokens 8i + 2f (low half) and + 1 (high), bytes 2j, 2j + 1 of the warp's half-row
+    for load in range(2):  # lane l gives row l % 8 of matrix l // 8: token 32 load + l
+      offset = arith.addi(arith.muli(arith.addi(lane, c(32 * load)), c(row_bytes)), arith.muli(half_row, c(16)))
+      offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(row_bytes - 16)))  # the 32-byte swizzle
+      loaded = llvm.inline_asm(quad, [arith.addi(base, offset)],
+                               "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];",
+                               "=r,=r,=r,=r,r", has_side_effects=True)  # not moved above the TMA's barrier wait
+      raw += [llvm.extractvalue(i32, loaded, [k]) for k in range(4)]
+    # ldmatrix_value_rotation, with the warp's part pair as data
+    rotation = [arith.andi(arith.addi(c(26 + 8 * h), arith.muli(part_pair, c(4))), c(31)) for h in range(2)]
+    constants = [folded_part_constants(m, 2) for m in range(2)]  # parts at bits 6-7 and 8-9: magic 16 and 4
+    negated_magic = [mgpu.utils.bitcast(c(0x10001 * _f16_bits(-k[3])), half2) for k in constants]
+
+    first_channel = arith.addi(arith.muli(half_row, c(16)), arith.muli(arith.shrui(lane, c(2)), c(2)))
+    metadata = {}  # (window, m) -> (scale pair, folded minimum pair), f16x2: channels ch, ch + 1 of the part
+
+    def pairs(window, m):
+      if (window, m) not in metadata:
+        channel = arith.addi(first_channel, arith.addi(arith.muli(part_pair, c(64)), c(32 * m)))
+        loaded = []
+        for ref in (scales, minimums):
+          address = arith.addi(llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref)),
+                               arith.muli(arith.addi(channel, c(window * HEAD_DIM)), c(2)))
+          loaded.append(mgpu.utils.bitcast(llvm.inline_asm(i32, [address], "ld.shared.b32 $0, [$1];", "=r,r",
+                                                           has_side_effects=True), half2))
+        scale, minimum = loaded
+        metadata[window, m] = scale, _fma_f16x2(scale, negated_magic[m], minimum, half2)
+      return metadata[window, m]
+
+    def broadcast(pair, h):  # channel h of a pair in both halves (ptxas takes it as the fma's .H0_H0 / .H1_H1)
+      x = vector.extract(pair, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([h]))
+      return vector.broadcast(half2, x)
+
+    rotated = {}
+    registers = np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object)
+    for idx, row, token in _register_offsets(shape):
+      i, h, m = token // 8, (row % STEP) // 8, row // STEP
+      if (i, h) not in rotated:
+        rotated[i, h] = llvm.inline_asm(i32, [raw[i], rotation[h]], "shf.r.wrap.b32 $0, $1, $1, $2;", "=r,r,r")
+      _, mask, exponent, _ = constants[m]
+      scale, minimum = pairs(token // WINDOW, m)
+      registers[idx] = _fma_f16x2(_kept_bits(rotated[i, h], mask, exponent, i32, half2), broadcast(scale, h),
+                                  broadcast(minimum, h), half2)
+    return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+
+  return unpack(codes_ref, scale_ref, minimum_ref)
+
+
 def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
   """`permuted_keys`: a step's keys as the score wgmma's register operands (f16 [64, W] a part, W = H bits / 8:
   INT2's 4 parts of 32 channels, INT4's 2 of 64; WGMMA layout), column 8g + 2l + e of part p being channel W p +
@@ -620,10 +718,10 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
-def _store_in_channel_order(o_t, o_ref):
-  """O^T f32 [128, 16] (WGMMA layout) whose rows are channels in `value_row_channels` order -> o_ref (a plain
-  [128, 16] f32 buffer in shared memory) in channel order: each register pair to its channel's row (8 stores of
-  8 bytes a thread), so that no pass after the kernel puts them back."""
+def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False):
+  """O^T f32 [128, 16] (WGMMA layout) whose rows are channels in `value_row_channels(by_ldmatrix)` order -> o_ref
+  (a plain [128, 16] f32 buffer in shared memory) in channel order: each register pair to its channel's row (8
+  stores of 8 bytes a thread), so that no pass after the kernel puts them back."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -637,10 +735,16 @@ def _store_in_channel_order(o_t, o_ref):
     i32 = ir.IntegerType.get_signless(32)
     c = lambda v: arith.constant(i32, v)
     column, first_column = _thread_position(i32)
+    if by_ldmatrix:  # ldmatrix_value_channel(w, j, 0, 0), the thread's first row's: h and m add static offsets
+      warp = arith.andi(arith.shrui(mgpu.utils.thread_idx(), c(5)), c(3))
+      lane_row = arith.shrui(arith.andi(mgpu.utils.thread_idx(), c(31)), c(2))
+      column = arith.addi(arith.addi(arith.muli(arith.andi(warp, c(1)), c(16)), arith.muli(lane_row, c(2))),
+                          arith.muli(arith.shrui(warp, c(1)), c(64)))
     base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(o_ref))
     for idx, row, col in _register_offsets(shape):
       pair = o_t.registers[idx]
-      channel = arith.addi(column, c(32 * (2 * (row // STEP) + (row % STEP) // 8)))
+      h, m = (row % STEP) // 8, row // STEP
+      channel = arith.addi(column, c(ldmatrix_value_channel(0, 0, h, m) if by_ldmatrix else 32 * (2 * m + h)))
       element = arith.addi(arith.muli(channel, c(COLUMNS)), arith.addi(first_column, c(col)))
       x, y = (vector.extract(pair, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([k]))
               for k in range(2))
@@ -765,7 +869,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 values_scaled_after: bool = False, in_place_values: bool = False, ldmatrix_metadata: bool = False,
                 metadata_in_thread_order: bool = False, values_in_registers: bool = False,
                 fetch_by_one_warp: bool = False, permuted_keys: bool = False, values_per_token: bool = False,
-                folded_minimums: bool = False, eight_column_softmax: bool = False,
+                folded_minimums: bool = False, eight_column_softmax: bool = False, values_by_ldmatrix: bool = False,
                 max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
@@ -852,6 +956,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   terms a step, and no mask (a range's windows past its count are masked by row). P is stored 16 wide, its
   columns 8-15 zero, so O^T's columns 8-15 and their m and l come out empty (-1e30, 0: splits the merge
   weighs by zero). 5 % faster on all-INT2 pools, the large-batch default since s32 (`MOSAIC_LEAN_EIGHT`).
+  `values_by_ldmatrix` (INT2, with `values_in_registers` and `folded_minimums`): a thread's rows of V^T are two
+  parts of two adjacent code bytes (`ldmatrix_value_channel`), not four of one, so that two `ldmatrix.trans` a
+  step bring its codes where 16 byte loads and 8 `prmt` did, and a window's scales and minimums of a part come
+  as a pair of channels (`_values_by_ldmatrix`; 8 loads and 4 folds a step where 16 and 8; untimed, s35).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -886,6 +994,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError("permuted_keys: with dequantize_keys and magic_exponents, the metadata in channel order")
   if folded_minimums and not (permuted_keys or values_in_registers):
     raise ValueError("folded_minimums: the register paths', with permuted_keys or values_in_registers")
+  if values_by_ldmatrix and not (values_in_registers and folded_minimums and bits == 2
+                                 and not metadata_in_thread_order):
+    raise ValueError("values_by_ldmatrix: INT2 codes, with values_in_registers and folded_minimums, the "
+                     "metadata in channel order")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1104,6 +1216,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       codes = plgpu.load(kc_s, layout=layout.WGMMA_UPCAST_2X)
       return [plain_dequantized(codes, ks_s, km_s, part) for part in range(parts)]
 
+    def transposed_values_of(vc_s, vs_s, vm_s):  # V^T in registers, rows as `value_row_channels` orders them
+      if values_by_ldmatrix:
+        return _values_by_ldmatrix(vc_s, vs_s, vm_s)
+      return _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits, folded_minimums)
+
     def dequantize_values(vc_s, vs_s, vm_s, v_s):  # into v_s [64 tokens, 128 channels] f16
       if values_scaled_after:  # the codes alone: scaled after the V wgmma
         for part, value in enumerate(unpacked_keys(vc_s)):
@@ -1164,7 +1281,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           for part in range(parts):
             plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(width * part, width)])
         if overlap_values and transposed_values:
-          values_t = _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits, folded_minimums)
+          values_t = transposed_values_of(vc_s, vs_s, vm_s)
         elif overlap_values:
           dequantize_values(vc_s, vs_s, vm_s, v_s)  # while the tensor cores work on the scores
         plgpu.wgmma_wait(0)  # with `defer`, also the previous step's V wgmma
@@ -1177,7 +1294,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       else:
         s, values_t = pl.run_scoped(scores, accumulator)
       if transposed_values and values_t is None:  # after the score wgmma: the keys' registers are free
-        values_t = _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits, folded_minimums)
+        values_t = transposed_values_of(vc_s, vs_s, vm_s)
       v_operand = values_t if transposed_values else v_s.transpose((1, 0))
       if dequantize_keys:  # kb_s holds the minimums, already in the keys; a range masks past its count
         past = first_window + 2 * index  # the step's first window, from the range's start
@@ -1333,7 +1450,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
     def store(o_s, ml_s):
       if transposed_values:  # rows back in channel order on the way out
-        _store_in_channel_order(acc, o_s)
+        _store_in_channel_order(acc, o_s, values_by_ldmatrix)
       else:
         o_s[...] = acc
       ml_s[0] = wide_columns(m_run, _NEG)
@@ -1562,6 +1679,11 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "wg4_large_batch_ftz_lean_folded_eight": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
                                                   fetch_by_one_warp=True, folded_minimums=True,
                                                   eight_column_softmax=True),
+    # that, V's codes by two `ldmatrix.trans` a thread and step, a thread's rows two parts of two bytes
+    # (`values_by_ldmatrix`; INT2 only; untimed, s35)
+    "wg4_large_batch_ftz_lean_folded_eight_vldsm": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
+                                                        fetch_by_one_warp=True, folded_minimums=True,
+                                                        eight_column_softmax=True, values_by_ldmatrix=True),
     # INT4's kernel (V^T, copies by one warp; no permuted keys), its values folded alike
     "wg4_large_batch_ftz_vregs_one_warp_fetch_folded": dict(_LARGE_BATCH, values_in_registers=True,
                                                             fetch_by_one_warp=True, folded_minimums=True),

@@ -194,7 +194,9 @@ def test_splits_and_window_parities_merge(interpret):
                                          "wg4_large_batch_ftz_vregs_one_warp_fetch",
                                          "wg4_large_batch_ftz_vregs_permuted_keys",
                                          "wg4_large_batch_ftz_lean_folded",
-                                         "wg4_large_batch_ftz_lean_folded_eight")),  # s31
+                                         "wg4_large_batch_ftz_lean_folded_eight",  # s31
+                                         "wg4_large_batch_ftz_lean_folded_eight_vldsm")),  # s35
+                                     mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_vldsm"],
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
                                           values_in_registers=True),
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
@@ -293,6 +295,80 @@ def test_value_rows_are_the_parts_of_a_threads_byte_column():
       row = 16 * warp + j
       np.testing.assert_array_equal(channels[[row, row + 8, row + 64, row + 72]],
                                     8 * warp + j + 32 * np.arange(4))
+
+
+def swizzled_32(codes):
+  """A [64, 32] uint8 tile as TMA stores it under the 32-byte swizzle: flat shared memory, byte offset o at
+  o ^ ((o >> 3) & 16) (a row's two 16-byte chunks swap in rows 4-7 of every 8)."""
+  offsets = np.arange(codes.size)
+  memory = np.zeros(codes.size, np.uint8)
+  memory[offsets ^ ((offsets >> 3) & 16)] = codes.reshape(-1)
+  return memory, lambda offset: offset ^ ((offset >> 3) & 16)
+
+
+def ldmatrix_x4_trans(memory, addresses, lane):
+  """PTX's `ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16`, one lane's four registers: lane l gives the address
+  of row l % 8 of matrix l // 8 (8 b16 elements); with `.trans` lane (j = l // 4, f = l % 4) receives, of each
+  matrix, element j of rows 2f (low half) and 2f + 1 (high half)."""
+  j, f = divmod(lane, 4)
+  b16 = lambda address: int(memory[address]) | int(memory[address + 1]) << 8
+  return [b16(addresses[8 * k + 2 * f] + 2 * j) | b16(addresses[8 * k + 2 * f + 1] + 2 * j) << 16
+          for k in range(4)]
+
+
+def test_values_by_ldmatrix_emulated_bit_for_bit():
+  """`values_by_ldmatrix`, emulated in numpy for every thread of a warpgroup: its two `ldmatrix.x4.trans` of the
+  swizzled [64, 32] code tile (lane l's address: token 32 load + l, the warp's half-row), the warp's rotation
+  (`ldmatrix_value_rotation`) and each part's LOP3 under its magic exponent (`folded_part_constants` 0 and 1)
+  give magic + the code of the row's channel (`value_row_channels(by_ldmatrix=True)`) at both of the register's
+  tokens (8i + 2f, + 1). O^T's rows are a permutation of the channels, and a thread's rows of one M tile (h = 0,
+  1) are adjacent channels of one part, so a window's scales come as one pair."""
+  codes = np.random.default_rng(0).integers(0, 256, (mi.STEP, 32), dtype=np.uint8)
+  memory, swizzle = swizzled_32(codes)
+  channels = mi.value_row_channels(by_ldmatrix=True)
+  np.testing.assert_array_equal(np.sort(channels), np.arange(mi.HEAD_DIM))
+  constants = [mi.folded_part_constants(m, 2) for m in range(2)]
+  checked = 0
+  for warp in range(4):
+    for load in range(2):
+      addresses = [swizzle((32 * load + lane) * 32 + 16 * (warp % 2)) for lane in range(32)]
+      for lane in range(32):
+        j, f = divmod(lane, 4)
+        for k, register in enumerate(ldmatrix_x4_trans(memory, addresses, lane)):
+          i = 4 * load + k
+          for h in range(2):
+            r = mi.ldmatrix_value_rotation(warp, h)
+            rotated = (register >> r | register << (32 - r)) & 0xFFFFFFFF
+            for m in range(2):
+              _, mask, exponent, magic = constants[m]
+              kept = rotated & 0x10001 * mask | 0x10001 * exponent
+              halves = np.array([kept & 0xFFFF, kept >> 16], np.uint16).view(np.float16).astype(np.float64)
+              channel = channels[16 * warp + j + 8 * h + 64 * m]
+              assert channel == mi.ldmatrix_value_channel(warp, j, h, m)
+              tokens = [8 * i + 2 * f, 8 * i + 2 * f + 1]
+              want = [codes[t, channel % 32] >> 2 * (channel // 32) & 3 for t in tokens]
+              np.testing.assert_array_equal(halves - magic, want)
+              checked += 1
+  assert checked == 4 * 32 * 8 * 4  # every register of V^T's [128, 64] (32 f16x2 a thread)
+  for warp in range(4):
+    for j in range(8):
+      for m in range(2):
+        first = mi.ldmatrix_value_channel(warp, j, 0, m)
+        assert first % 2 == 0 and mi.ldmatrix_value_channel(warp, j, 1, m) == first + 1
+
+
+def test_values_by_ldmatrix_match_and_are_refused_where_they_cannot_go(interpret):
+  """The option computes the same attention (the interpret mode takes the shared-memory path; the ldmatrix path
+  runs on the device's float64 checks), and is INT2's, with V^T in registers and the minimums folded."""
+  options = dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_vldsm"])
+  case = random_case(8, 2, 256, 7)
+  out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(options.items())))
+  np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
+  for change, codes in ((dict(folded_minimums=False), 2), (dict(values_in_registers=False), 2),
+                        (dict(permuted_keys=False, metadata_in_thread_order=True), 2), (dict(), 4)):
+    with pytest.raises(ValueError, match="values_by_ldmatrix"):
+      mi.attend(*random_case(8, 1, 256, 7, bits=codes), splits=4, interpret=interpret,
+                options=tuple(dict(options, **change).items()))
 
 
 def test_wgmma_layout_is_as_the_register_paths_assume():
