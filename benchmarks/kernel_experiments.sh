@@ -26,9 +26,9 @@
 #   bash benchmarks/kernel_experiments.sh pool512   # (s33) 60 x 5: the default's Mosaic pools from 512 tokens
 #   bash benchmarks/kernel_experiments.sh merge     # (s34, untimed) the launch merging its own parts, small calls
 #   bash benchmarks/kernel_experiments.sh h200      # (s34) the headline rows with today's defaults (~9 min)
-#   bash benchmarks/kernel_experiments.sh vldsm     # (s35, untimed) V's INT2 codes by ldmatrix.trans: the INT2
-#                                                   # kernel at batch 32 and 60, issue 5's batch 60 x 32k, then
-#                                                   # the 7B step at 32 x 100, each beside the default
+#   bash benchmarks/kernel_experiments.sh vldsm     # (s35, untimed) V's codes by ldmatrix.trans: the INT2 and
+#                                                   # INT4 kernels at batch 32 and 60, issue 5's batch 60 x 32k,
+#                                                   # each beside the default; `vldsm_step`: the 32 x 100 step
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
 # `bars` on an H100 in s32, when `default` was still the folded kernel and eight was named apart.
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
@@ -125,19 +125,23 @@ case "${1:-}" in
     timeout 200 python benchmarks/decode_attention.py --gpu-time --batches 1,8,60 --tokens 1024,8192 \
       --plans mix,fp16 --out "$out" --tag ${tag}_short || echo "(stopped: h200, short)"
     timeout 250 bash "$0" pool512 ;;
-  vldsm)  # (s35, for the next device) `values_by_ldmatrix`: 430 SASS in the INT2 main loop offline against 459
-          # (`mosaic_sass_s35_vldsm.md`); the kernel checked against float64 first, then issue 5's 60 x 32k rows
-          # (the variants' table checks against XLA's path), then the 7B step
-    timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
+  vldsm)  # (s35, for the next device) `values_by_ldmatrix`: 430 SASS in the INT2 main loop offline against 459,
+          # 497 against 548 in INT4's (`mosaic_sass_s35_vldsm{,_int4}.md`); the kernels checked against float64
+          # first, then issue 5's 60 x 32k rows (the variants' table checks against XLA's path); ~7 min
+    timeout 130 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
       --variants wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_vldsm \
-      --tag mosaic_int2_${tag}_vldsm || echo "(stopped: vldsm, kernels)"
+      --tag mosaic_int2_${tag}_vldsm || echo "(stopped: vldsm, INT2 kernels)"
+    timeout 110 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
+      --bits 4 --variants wg4_large_batch_ftz_int4_eight wg4_large_batch_ftz_int4_eight_vldsm \
+      --tag mosaic_int4_${tag}_vldsm || echo "(stopped: vldsm, INT4 kernels)"
     timeout 170 python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
       --variants default,mosaic_wg4_lean_eight_vldsm --inner 1 --back-to-back 32 --gpu-time --out "$out" \
       --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --tag ${tag}_b60_vldsm \
-      || echo "(stopped: vldsm, batch 60)"
+      || echo "(stopped: vldsm, batch 60)" ;;
+  vldsm_step)  # (s35) the 7B step at 32 x 100 with it, beside the default
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_wg4_lean_eight_vldsm --methods windowquant fp16 --out "$out" \
-      --budget-s 240 --tag ${tag}_vldsm ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|merge|h200|vldsm" >&2
+      --budget-s 300 --tag ${tag}_vldsm ;;
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|merge|h200|vldsm|vldsm_step" >&2
      exit 2 ;;
 esac

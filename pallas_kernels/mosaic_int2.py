@@ -413,34 +413,45 @@ def _unpacked_parts(codes, scale_ref=None, minimum_ref=None, ptx_fma=True, magic
   return unpack(codes, scale_ref, minimum_ref) if values else unpack(codes)
 
 
-def value_row_channels(by_ldmatrix: bool = False) -> np.ndarray:
+def value_row_channels(by_ldmatrix: bool = False, bits: int = 2) -> np.ndarray:
   """`values_in_registers`: the channel of each row of O^T (and of the V^T operand). Row 16w + j + 8h + 64m
   (w: the warp, j = lane // 4, h and m: the register's half and M tile, as the WGMMA layout places them) holds
   channel b + 32 (2m + h) with b = 8w + j: the four rows of a thread are the four parts of one byte column b
   of the codes, so that each of its tokens is one byte. `by_ldmatrix` (`values_by_ldmatrix`): channel
-  `ldmatrix_value_channel(w, j, h, m)`, two parts of two adjacent bytes."""
+  `ldmatrix_value_channel(w, j, h, m, bits)`, two parts of two adjacent bytes."""
   row = np.arange(HEAD_DIM)
   warp, j, h, m = (row % STEP) // 16, row % 8, (row % 16) // 8, row // STEP
   if by_ldmatrix:
-    return ldmatrix_value_channel(warp, j, h, m)
+    return ldmatrix_value_channel(warp, j, h, m, bits)
   return 8 * warp + j + 32 * (2 * m + h)
 
 
-def ldmatrix_value_channel(warp, j, h, m):
+def ldmatrix_value_chunk(warp, bits: int = 2):
+  """`values_by_ldmatrix`: the 16-byte chunk of a token's codes a warp's `ldmatrix` reads: INT2's 32 bytes are
+  two (warps 0, 2 and 1, 3 read the same bytes, for different parts), INT4's 64 four."""
+  return warp % 2 if bits == 2 else warp
+
+
+def ldmatrix_value_channel(warp, j, h, m, bits: int = 2):
   """`values_by_ldmatrix`: the channel of a thread's row 16w + j + 8h + 64m of V^T (w: its warp in the
-  warpgroup, j = lane // 4): byte 16 (w % 2) + 2j + h of a token's 32 (its half-row w % 2 by `ldmatrix`, whose
-  b16 column j is bytes 2j and 2j + 1), part 2 (w // 2) + m of that byte, i.e. channel byte + 32 part. A
-  thread's channels are two adjacent pairs, so a window's scales (and minimums) of a part are one 32-bit load.
-  Works on ints and numpy arrays alike."""
-  return 16 * (warp % 2) + 2 * j + h + 32 * (2 * (warp // 2) + m)
+  warpgroup, j = lane // 4): byte 16 c + 2j + h of a token's codes (c: the warp's chunk, `ldmatrix_value_chunk`;
+  `ldmatrix`'s b16 column j is bytes 2j and 2j + 1 of it), and of that byte INT2's part 2 (w // 2) + m (channel
+  byte + 32 part), INT4's part m (byte + 64 m). A thread's channels are two adjacent pairs, so a window's scales
+  (and minimums) of a part are one 32-bit load. Works on ints and numpy arrays alike."""
+  byte = 16 * ldmatrix_value_chunk(warp, bits) + 2 * j + h
+  return byte + (32 * (2 * (warp // 2) + m) if bits == 2 else 64 * m)
 
 
-def ldmatrix_value_rotation(warp, h):
+def ldmatrix_value_rotation(warp, h, m: int = 0, bits: int = 2):
   """`values_by_ldmatrix`: the right rotation of a register of `ldmatrix.trans` (bytes 2j and 2j + 1 of two
-  tokens: [b0, b1] of the first in the low half, of the second in the high) that brings byte b_h's bits of
-  parts 2 (w // 2) and + 1 to mantissa bits 6-7 and 8-9 of each half (`folded_part_constants`' parts 0 and 1):
-  parts 0-1 of b0 are bits 0-3 (left by 6), parts 2-3 bits 4-7 (left by 2), b1's 8 bits further."""
-  return (26 + 4 * (warp // 2) + 8 * h) % 32
+  tokens: [b0, b1] of the first in the low half, of the second in the high) that brings part m of byte b_h to
+  the mantissa bits of `folded_part_constants(m, bits)` in each half. INT2 (m does not matter: both parts come
+  from one rotation): the warp's parts 2 (w // 2) and + 1 to bits 6-7 and 8-9 (parts 0-1 of b0 are bits 0-3,
+  left by 6; parts 2-3 bits 4-7, left by 2; b1's 8 bits further). INT4: the nibble to bits 4-7 (b0's low nibble
+  left by 4, its high one in place; b1's 8 bits further)."""
+  if bits == 2:
+    return (26 + 4 * (warp // 2) + 8 * h) % 32
+  return (28 + 8 * h + 4 * m) % 32
 
 
 def value_row_byte(group: int, bits: int) -> tuple[int, int]:
@@ -571,22 +582,23 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
-def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref):
-  """`values_by_ldmatrix`: `_values_transposed` (INT2, folded minimums) with a thread's rows
-  (`ldmatrix_value_channel`) two parts of two adjacent code bytes. Two `ldmatrix.x4.trans` a thread and step
-  bring them: each of the 8 matrices is 8 tokens x 16 bytes (a half-row, the warp's: w % 2), and `.trans` gives
+def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
+  """`values_by_ldmatrix`: `_values_transposed` (folded minimums) with a thread's rows (`ldmatrix_value_channel`)
+  two parts of two adjacent code bytes. Two `ldmatrix.x4.trans` a thread and step bring them: each of the 8
+  matrices is 8 tokens x 16 bytes (the warp's chunk of a row, `ldmatrix_value_chunk`), and `.trans` gives
   lane (j, f = lane % 4) b16 column j of tokens 2f and 2f + 1, the WGMMA operand's column pair, in the low and
-  high half of one register: 2 loads where `ld.shared.u8` took 16, and no `prmt` to pair them. A right rotation
-  a byte (`ldmatrix_value_rotation`, the amount the warp's) puts the byte's two parts at mantissa bits 6-9, one
-  LOP3 a part keeps them under their magic exponent, and one f16x2 fma with the scale and folded minimum
-  dequantizes them. The scales and minimums of a window and part are a pair of channels, one 32-bit load, and
-  one fold a pair: 8 metadata loads and 4 folds a step where the byte-column rows took 16 and 8."""
+  high half of one register: 2 loads where `ld.shared.u8` took 16 (INT2) or 32 (INT4), and no `prmt` to pair
+  them. A right rotation (`ldmatrix_value_rotation`: INT2 one a byte, its amount the warp's, for both parts;
+  INT4 one a part, none for b0's high nibble) puts a part's bits under its magic exponent, one LOP3 a part keeps
+  them, and one f16x2 fma with the scale and folded minimum dequantizes them. The scales and minimums of a
+  window and part are a pair of channels, one 32-bit load, and one fold a pair: 8 metadata loads and 4 folds a
+  step where the byte-column rows took 16 and 8."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm, vector
 
-  shape, row_bytes = (HEAD_DIM, STEP), HEAD_DIM // 4
+  shape, row_bytes = (HEAD_DIM, STEP), HEAD_DIM * bits // 8
   codes_type = plgpu.RefType((plgpu.TilingTransform((8, row_bytes)), plgpu.SwizzleTransform(row_bytes)))
 
   @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()),
@@ -598,28 +610,34 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref):
     c = lambda v: arith.constant(i32, v)
     thread = mgpu.utils.thread_idx()
     lane, warp = arith.andi(thread, c(31)), arith.andi(arith.shrui(thread, c(5)), c(3))
-    half_row, part_pair = arith.andi(warp, c(1)), arith.shrui(warp, c(1))
+    chunk = arith.andi(warp, c(1)) if bits == 2 else warp  # ldmatrix_value_chunk
+    part_pair = arith.shrui(warp, c(1))  # INT2's: parts 2 (w // 2) and + 1
     base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
     quad = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
-    raw = []  # raw[i]: tokens 8i + 2f (low half) and + 1 (high), bytes 2j, 2j + 1 of the warp's half-row
+    raw = []  # raw[i]: tokens 8i + 2f (low half) and + 1 (high), bytes 2j, 2j + 1 of the warp's chunk
     for load in range(2):  # lane l gives row l % 8 of matrix l // 8: token 32 load + l
-      offset = arith.addi(arith.muli(arith.addi(lane, c(32 * load)), c(row_bytes)), arith.muli(half_row, c(16)))
-      offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(row_bytes - 16)))  # the 32-byte swizzle
+      offset = arith.addi(arith.muli(arith.addi(lane, c(32 * load)), c(row_bytes)), arith.muli(chunk, c(16)))
+      offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(row_bytes - 16)))  # the row's swizzle
       loaded = llvm.inline_asm(quad, [arith.addi(base, offset)],
                                "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];",
                                "=r,=r,=r,=r,r", has_side_effects=True)  # not moved above the TMA's barrier wait
       raw += [llvm.extractvalue(i32, loaded, [k]) for k in range(4)]
-    # ldmatrix_value_rotation, with the warp's part pair as data
-    rotation = [arith.andi(arith.addi(c(26 + 8 * h), arith.muli(part_pair, c(4))), c(31)) for h in range(2)]
-    constants = [folded_part_constants(m, 2) for m in range(2)]  # parts at bits 6-7 and 8-9: magic 16 and 4
+    if bits == 2:  # ldmatrix_value_rotation(w, h), with the warp's part pair as data; the same for both parts
+      rotation = {(h, m): arith.andi(arith.addi(c(26 + 8 * h), arith.muli(part_pair, c(4))), c(31))
+                  for h in range(2) for m in range(2)}
+    else:
+      rotation = {(h, m): c(ldmatrix_value_rotation(0, h, m, bits)) for h in range(2) for m in range(2)}
+    # INT2: parts at bits 6-7 and 8-9, magic 16 and 4; INT4: nibbles at bits 4-7, magic 64
+    constants = [folded_part_constants(m, bits) for m in range(2)]
     negated_magic = [mgpu.utils.bitcast(c(0x10001 * _f16_bits(-k[3])), half2) for k in constants]
 
-    first_channel = arith.addi(arith.muli(half_row, c(16)), arith.muli(arith.shrui(lane, c(2)), c(2)))
+    first_channel = arith.addi(arith.muli(chunk, c(16)), arith.muli(arith.shrui(lane, c(2)), c(2)))
     metadata = {}  # (window, m) -> (scale pair, folded minimum pair), f16x2: channels ch, ch + 1 of the part
 
     def pairs(window, m):
       if (window, m) not in metadata:
-        channel = arith.addi(first_channel, arith.addi(arith.muli(part_pair, c(64)), c(32 * m)))
+        channel = (arith.addi(first_channel, arith.addi(arith.muli(part_pair, c(64)), c(32 * m))) if bits == 2
+                   else arith.addi(first_channel, c(64 * m)))
         loaded = []
         for ref in (scales, minimums):
           address = arith.addi(llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref)),
@@ -638,12 +656,16 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref):
     registers = np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object)
     for idx, row, token in _register_offsets(shape):
       i, h, m = token // 8, (row % STEP) // 8, row // STEP
-      if (i, h) not in rotated:
-        rotated[i, h] = llvm.inline_asm(i32, [raw[i], rotation[h]], "shf.r.wrap.b32 $0, $1, $1, $2;", "=r,r,r")
+      amount = rotation[h, m]  # INT2: one a byte; INT4: one a part (none for b0's high nibble)
+      if bits == 4 and ldmatrix_value_rotation(0, h, m, bits) == 0:
+        rotated[i, h, m] = raw[i]
+      elif (i, h, m if bits == 4 else 0) not in rotated:
+        rotated[i, h, m if bits == 4 else 0] = llvm.inline_asm(i32, [raw[i], amount], "shf.r.wrap.b32 $0, $1, $1, $2;",
+                                                               "=r,r,r")
       _, mask, exponent, _ = constants[m]
       scale, minimum = pairs(token // WINDOW, m)
-      registers[idx] = _fma_f16x2(_kept_bits(rotated[i, h], mask, exponent, i32, half2), broadcast(scale, h),
-                                  broadcast(minimum, h), half2)
+      registers[idx] = _fma_f16x2(_kept_bits(rotated[i, h, m if bits == 4 else 0], mask, exponent, i32, half2),
+                                  broadcast(scale, h), broadcast(minimum, h), half2)
     return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
   return unpack(codes_ref, scale_ref, minimum_ref)
@@ -718,8 +740,8 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
-def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False):
-  """O^T f32 [128, 16] (WGMMA layout) whose rows are channels in `value_row_channels(by_ldmatrix)` order -> o_ref
+def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False, bits: int = 2):
+  """O^T f32 [128, 16] (WGMMA layout) whose rows are channels in `value_row_channels(by_ldmatrix, bits)` order -> o_ref
   (a plain [128, 16] f32 buffer in shared memory) in channel order: each register pair to its channel's row (8
   stores of 8 bytes a thread), so that no pass after the kernel puts them back."""
   from jax.experimental.mosaic import gpu as mgpu
@@ -738,13 +760,16 @@ def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False):
     if by_ldmatrix:  # ldmatrix_value_channel(w, j, 0, 0), the thread's first row's: h and m add static offsets
       warp = arith.andi(arith.shrui(mgpu.utils.thread_idx(), c(5)), c(3))
       lane_row = arith.shrui(arith.andi(mgpu.utils.thread_idx(), c(31)), c(2))
-      column = arith.addi(arith.addi(arith.muli(arith.andi(warp, c(1)), c(16)), arith.muli(lane_row, c(2))),
-                          arith.muli(arith.shrui(warp, c(1)), c(64)))
+      if bits == 2:  # 16 (w % 2) + 2j + 64 (w // 2)
+        column = arith.addi(arith.addi(arith.muli(arith.andi(warp, c(1)), c(16)), arith.muli(lane_row, c(2))),
+                            arith.muli(arith.shrui(warp, c(1)), c(64)))
+      else:  # 16 w + 2j
+        column = arith.addi(arith.muli(warp, c(16)), arith.muli(lane_row, c(2)))
     base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(o_ref))
     for idx, row, col in _register_offsets(shape):
       pair = o_t.registers[idx]
       h, m = (row % STEP) // 8, row // STEP
-      channel = arith.addi(column, c(ldmatrix_value_channel(0, 0, h, m) if by_ldmatrix else 32 * (2 * m + h)))
+      channel = arith.addi(column, c(ldmatrix_value_channel(0, 0, h, m, bits) if by_ldmatrix else 32 * (2 * m + h)))
       element = arith.addi(arith.muli(channel, c(COLUMNS)), arith.addi(first_column, c(col)))
       x, y = (vector.extract(pair, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([k]))
               for k in range(2))
@@ -956,10 +981,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   terms a step, and no mask (a range's windows past its count are masked by row). P is stored 16 wide, its
   columns 8-15 zero, so O^T's columns 8-15 and their m and l come out empty (-1e30, 0: splits the merge
   weighs by zero). 5 % faster on all-INT2 pools, the large-batch default since s32 (`MOSAIC_LEAN_EIGHT`).
-  `values_by_ldmatrix` (INT2, with `values_in_registers` and `folded_minimums`): a thread's rows of V^T are two
-  parts of two adjacent code bytes (`ldmatrix_value_channel`), not four of one, so that two `ldmatrix.trans` a
-  step bring its codes where 16 byte loads and 8 `prmt` did, and a window's scales and minimums of a part come
-  as a pair of channels (`_values_by_ldmatrix`; 8 loads and 4 folds a step where 16 and 8; untimed, s35).
+  `values_by_ldmatrix` (with `values_in_registers` and `folded_minimums`): a thread's rows of V^T are two parts
+  of two adjacent code bytes (`ldmatrix_value_channel`), not INT2's four parts of one byte or INT4's two parts of
+  two bytes 32 apart, so that two `ldmatrix.trans` a step bring its codes where 16 (INT2) or 32 (INT4) byte loads
+  and their `prmt` did, and a window's scales and minimums of a part come as a pair of channels
+  (`_values_by_ldmatrix`; 8 loads and 4 folds a step where 16 and 8; untimed, s35).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -994,10 +1020,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError("permuted_keys: with dequantize_keys and magic_exponents, the metadata in channel order")
   if folded_minimums and not (permuted_keys or values_in_registers):
     raise ValueError("folded_minimums: the register paths', with permuted_keys or values_in_registers")
-  if values_by_ldmatrix and not (values_in_registers and folded_minimums and bits == 2
-                                 and not metadata_in_thread_order):
-    raise ValueError("values_by_ldmatrix: INT2 codes, with values_in_registers and folded_minimums, the "
-                     "metadata in channel order")
+  if values_by_ldmatrix and not (values_in_registers and folded_minimums and not metadata_in_thread_order):
+    raise ValueError("values_by_ldmatrix: with values_in_registers and folded_minimums, the metadata in channel "
+                     "order")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1218,7 +1243,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
     def transposed_values_of(vc_s, vs_s, vm_s):  # V^T in registers, rows as `value_row_channels` orders them
       if values_by_ldmatrix:
-        return _values_by_ldmatrix(vc_s, vs_s, vm_s)
+        return _values_by_ldmatrix(vc_s, vs_s, vm_s, bits)
       return _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits, folded_minimums)
 
     def dequantize_values(vc_s, vs_s, vm_s, v_s):  # into v_s [64 tokens, 128 channels] f16
@@ -1450,7 +1475,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
     def store(o_s, ml_s):
       if transposed_values:  # rows back in channel order on the way out
-        _store_in_channel_order(acc, o_s, values_by_ldmatrix)
+        _store_in_channel_order(acc, o_s, values_by_ldmatrix, bits)
       else:
         o_s[...] = acc
       ml_s[0] = wide_columns(m_run, _NEG)
@@ -1680,10 +1705,17 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                   fetch_by_one_warp=True, folded_minimums=True,
                                                   eight_column_softmax=True),
     # that, V's codes by two `ldmatrix.trans` a thread and step, a thread's rows two parts of two bytes
-    # (`values_by_ldmatrix`; INT2 only; untimed, s35)
+    # (`values_by_ldmatrix`; untimed, s35)
     "wg4_large_batch_ftz_lean_folded_eight_vldsm": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
                                                         fetch_by_one_warp=True, folded_minimums=True,
                                                         eight_column_softmax=True, values_by_ldmatrix=True),
+    # INT4 pools as the large-batch configurations take them (`quantized_decode.pool_options`: no permuted keys),
+    # and that with V's codes by `ldmatrix.trans` (untimed, s35)
+    "wg4_large_batch_ftz_int4_eight": dict(_LARGE_BATCH, values_in_registers=True, fetch_by_one_warp=True,
+                                           folded_minimums=True, eight_column_softmax=True),
+    "wg4_large_batch_ftz_int4_eight_vldsm": dict(_LARGE_BATCH, values_in_registers=True, fetch_by_one_warp=True,
+                                                 folded_minimums=True, eight_column_softmax=True,
+                                                 values_by_ldmatrix=True),
     # INT4's kernel (V^T, copies by one warp; no permuted keys), its values folded alike
     "wg4_large_batch_ftz_vregs_one_warp_fetch_folded": dict(_LARGE_BATCH, values_in_registers=True,
                                                             fetch_by_one_warp=True, folded_minimums=True),

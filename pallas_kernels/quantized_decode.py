@@ -314,10 +314,10 @@ MOSAIC_LEAN_INT4_KEYS = dataclasses.replace(MOSAIC_LEAN_FOLDED, int4_permuted_ke
 # with the concurrent graph (`decode_throughput_*_s32_step_h100.md`). The large-batch default since session 32.
 MOSAIC_LEAN_EIGHT = dataclasses.replace(
     MOSAIC_LEAN_FOLDED, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"].items()))
-# That with the INT2 pools' value codes brought by `ldmatrix.trans` (`values_by_ldmatrix`: a thread's rows of V^T
-# two parts of two adjacent bytes, 2 loads a step where 16 byte loads and 8 `prmt` were, and its scales and
-# minimums as pairs of channels; "pallas:mosaic_wg4_lean_eight_vldsm"; untimed, s35). INT4 and KIVI's pools
-# take MOSAIC_LEAN_EIGHT's path (`pool_options`).
+# That with the INT2 and INT4 pools' value codes brought by `ldmatrix.trans` (`values_by_ldmatrix`: a thread's
+# rows of V^T two parts of two adjacent bytes, 2 loads a step where 16 (INT2) or 32 (INT4) byte loads and their
+# `prmt` were, and its scales and minimums as pairs of channels; "pallas:mosaic_wg4_lean_eight_vldsm"; untimed,
+# s35). KIVI's pools take MOSAIC_LEAN_EIGHT's path (`pool_options`).
 MOSAIC_LEAN_EIGHT_VLDSM = dataclasses.replace(
     MOSAIC_LEAN_EIGHT,
     mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_vldsm"].items()))
@@ -960,12 +960,12 @@ def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool 
   """A configuration's `mosaic_int2` options as a pool of `bits` (and, with `kivi`, KIVI's values) takes them:
   an INT4 pool keeps `permuted_keys` only with `int4_permuted_keys` (and not KIVI's); `folded_minimums` is the
   register paths' for
-  windows' values and keys, and KIVI's pools go without it; `values_by_ldmatrix` is INT2 windows' only (their values are not in registers, and folding the
+  windows' values and keys, and KIVI's pools go without it, as without `values_by_ldmatrix` (their values are not in registers, and folding the
   keys alone made ptxas spill: 593 SASS in the main loop either way, offline, s30)."""
   options = kivi_options(options) if kivi else dict(options)
   if bits != 2 and (kivi or not int4_permuted_keys):
     options["permuted_keys"] = False
-  if bits != 2 or kivi:  # INT2 windows' values only
+  if kivi:  # windows' values only (KIVI's go through shared memory)
     options.pop("values_by_ldmatrix", None)
   if kivi:
     options["folded_minimums"] = False

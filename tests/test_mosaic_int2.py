@@ -197,6 +197,8 @@ def test_splits_and_window_parities_merge(interpret):
                                          "wg4_large_batch_ftz_lean_folded_eight",  # s31
                                          "wg4_large_batch_ftz_lean_folded_eight_vldsm")),  # s35
                                      mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_vldsm"],
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_vldsm"], ranged=True,
+                                          bits=4, permuted_keys=False),  # as INT4's pools take it (s35)
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
                                           values_in_registers=True),
                                      dict(warpgroups=4, dequantize_keys=True, lagged_max=True, magic_exponents=True,
@@ -297,13 +299,13 @@ def test_value_rows_are_the_parts_of_a_threads_byte_column():
                                     8 * warp + j + 32 * np.arange(4))
 
 
-def swizzled_32(codes):
-  """A [64, 32] uint8 tile as TMA stores it under the 32-byte swizzle: flat shared memory, byte offset o at
-  o ^ ((o >> 3) & 16) (a row's two 16-byte chunks swap in rows 4-7 of every 8)."""
-  offsets = np.arange(codes.size)
+def swizzled(codes):
+  """A [64, R] uint8 tile as TMA stores it under the R-byte swizzle (R = 32, 64): flat shared memory, byte
+  offset o at o ^ ((o >> 3) & (R - 16)) (a row's 16-byte chunks permuted by the row's bits above them)."""
+  swizzle = lambda offset: offset ^ ((offset >> 3) & (codes.shape[1] - 16))
   memory = np.zeros(codes.size, np.uint8)
-  memory[offsets ^ ((offsets >> 3) & 16)] = codes.reshape(-1)
-  return memory, lambda offset: offset ^ ((offset >> 3) & 16)
+  memory[swizzle(np.arange(codes.size))] = codes.reshape(-1)
+  return memory, swizzle
 
 
 def ldmatrix_x4_trans(memory, addresses, lane):
@@ -316,58 +318,67 @@ def ldmatrix_x4_trans(memory, addresses, lane):
           for k in range(4)]
 
 
-def test_values_by_ldmatrix_emulated_bit_for_bit():
+@pytest.mark.parametrize("bits", [2, 4])
+def test_values_by_ldmatrix_emulated_bit_for_bit(bits):
   """`values_by_ldmatrix`, emulated in numpy for every thread of a warpgroup: its two `ldmatrix.x4.trans` of the
-  swizzled [64, 32] code tile (lane l's address: token 32 load + l, the warp's half-row), the warp's rotation
-  (`ldmatrix_value_rotation`) and each part's LOP3 under its magic exponent (`folded_part_constants` 0 and 1)
-  give magic + the code of the row's channel (`value_row_channels(by_ldmatrix=True)`) at both of the register's
-  tokens (8i + 2f, + 1). O^T's rows are a permutation of the channels, and a thread's rows of one M tile (h = 0,
-  1) are adjacent channels of one part, so a window's scales come as one pair."""
-  codes = np.random.default_rng(0).integers(0, 256, (mi.STEP, 32), dtype=np.uint8)
-  memory, swizzle = swizzled_32(codes)
-  channels = mi.value_row_channels(by_ldmatrix=True)
+  swizzled [64, H bits / 8] code tile (lane l's address: token 32 load + l, the warp's 16-byte chunk), the
+  rotation (`ldmatrix_value_rotation`) and each part's LOP3 under its magic exponent (`folded_part_constants`
+  0 and 1) give magic + the code of the row's channel (`value_row_channels(by_ldmatrix=True)`) at both of the
+  register's tokens (8i + 2f, + 1). O^T's rows are a permutation of the channels, and a thread's rows of one M
+  tile (h = 0, 1) are adjacent channels of one part, so a window's scales come as one pair."""
+  row_bytes = mi.HEAD_DIM * bits // 8
+  codes = np.random.default_rng(bits).integers(0, 256, (mi.STEP, row_bytes), dtype=np.uint8)
+  memory, swizzle = swizzled(codes)
+  channels = mi.value_row_channels(by_ldmatrix=True, bits=bits)
   np.testing.assert_array_equal(np.sort(channels), np.arange(mi.HEAD_DIM))
-  constants = [mi.folded_part_constants(m, 2) for m in range(2)]
+  constants = [mi.folded_part_constants(m, bits) for m in range(2)]
+  width = mi.HEAD_DIM * bits // 8  # channels a part: byte j's part p is channel j + width p
   checked = 0
   for warp in range(4):
     for load in range(2):
-      addresses = [swizzle((32 * load + lane) * 32 + 16 * (warp % 2)) for lane in range(32)]
+      addresses = [swizzle((32 * load + lane) * row_bytes + 16 * mi.ldmatrix_value_chunk(warp, bits))
+                   for lane in range(32)]
       for lane in range(32):
         j, f = divmod(lane, 4)
         for k, register in enumerate(ldmatrix_x4_trans(memory, addresses, lane)):
           i = 4 * load + k
           for h in range(2):
-            r = mi.ldmatrix_value_rotation(warp, h)
-            rotated = (register >> r | register << (32 - r)) & 0xFFFFFFFF
             for m in range(2):
+              r = mi.ldmatrix_value_rotation(warp, h, m, bits)
+              rotated = (register >> r | register << (32 - r)) & 0xFFFFFFFF
               _, mask, exponent, magic = constants[m]
               kept = rotated & 0x10001 * mask | 0x10001 * exponent
               halves = np.array([kept & 0xFFFF, kept >> 16], np.uint16).view(np.float16).astype(np.float64)
               channel = channels[16 * warp + j + 8 * h + 64 * m]
-              assert channel == mi.ldmatrix_value_channel(warp, j, h, m)
+              assert channel == mi.ldmatrix_value_channel(warp, j, h, m, bits)
               tokens = [8 * i + 2 * f, 8 * i + 2 * f + 1]
-              want = [codes[t, channel % 32] >> 2 * (channel // 32) & 3 for t in tokens]
+              want = [codes[t, channel % width] >> bits * (channel // width) & (1 << bits) - 1 for t in tokens]
               np.testing.assert_array_equal(halves - magic, want)
               checked += 1
   assert checked == 4 * 32 * 8 * 4  # every register of V^T's [128, 64] (32 f16x2 a thread)
   for warp in range(4):
     for j in range(8):
       for m in range(2):
-        first = mi.ldmatrix_value_channel(warp, j, 0, m)
-        assert first % 2 == 0 and mi.ldmatrix_value_channel(warp, j, 1, m) == first + 1
+        first = mi.ldmatrix_value_channel(warp, j, 0, m, bits)
+        assert first % 2 == 0 and mi.ldmatrix_value_channel(warp, j, 1, m, bits) == first + 1
+        # what the kernel's metadata loads and O^T's store compute from the thread's index (MLIR, not this helper)
+        assert first == (16 * (warp % 2) + 2 * j + 64 * (warp // 2) + 32 * m if bits == 2 else
+                         16 * warp + 2 * j + 64 * m)
 
 
 def test_values_by_ldmatrix_match_and_are_refused_where_they_cannot_go(interpret):
   """The option computes the same attention (the interpret mode takes the shared-memory path; the ldmatrix path
-  runs on the device's float64 checks), and is INT2's, with V^T in registers and the minimums folded."""
+  runs on the device's float64 checks), INT2's and INT4's, and is refused without V^T in registers and the
+  minimums folded, or with the metadata in `thread_order`."""
   options = dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_vldsm"])
-  case = random_case(8, 2, 256, 7)
-  out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(options.items())))
-  np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
-  for change, codes in ((dict(folded_minimums=False), 2), (dict(values_in_registers=False), 2),
-                        (dict(permuted_keys=False, metadata_in_thread_order=True), 2), (dict(), 4)):
+  for bits, change in ((2, {}), (4, dict(permuted_keys=False))):
+    case = random_case(8, 2, 256, 7, bits=bits)
+    out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(dict(options, **change).items())))
+    np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
+  for change in (dict(folded_minimums=False), dict(values_in_registers=False),
+                 dict(permuted_keys=False, metadata_in_thread_order=True)):
     with pytest.raises(ValueError, match="values_by_ldmatrix"):
-      mi.attend(*random_case(8, 1, 256, 7, bits=codes), splits=4, interpret=interpret,
+      mi.attend(*random_case(8, 1, 256, 7), splits=4, interpret=interpret,
                 options=tuple(dict(options, **change).items()))
 
 
