@@ -959,9 +959,9 @@ def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int, b
 def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool = False) -> dict:
   """A configuration's `mosaic_int2` options as a pool of `bits` (and, with `kivi`, KIVI's values) takes them:
   an INT4 pool keeps `permuted_keys` only with `int4_permuted_keys` (and not KIVI's); `folded_minimums` is the
-  register paths' for
-  windows' values and keys, and KIVI's pools go without it, as without `values_by_ldmatrix` (their values are not in registers, and folding the
-  keys alone made ptxas spill: 593 SASS in the main loop either way, offline, s30)."""
+  register paths' for windows' values and keys, and KIVI's pools go without it (their values are not in
+  registers, and folding the keys alone made ptxas spill: 593 SASS in the main loop either way, offline, s30),
+  as without `values_by_ldmatrix`."""
   options = kivi_options(options) if kivi else dict(options)
   if bits != 2 and (kivi or not int4_permuted_keys):
     options["permuted_keys"] = False
