@@ -201,15 +201,12 @@ def pallas_fn(config: qd.DecodeConfig | None, implementation: str = "pallas"):
                                                            implementation=implementation)
 
   def run(q, c, layer=0):
-    layer = c.layer(layer, stacked=True)
     b, n, h = q.shape
     qg = q.reshape(b, KV_HEADS, n // KV_HEADS, h)  # the kernel scales q, as the registered path has it do
-    pools = [tuple(registration._arrays(p, w) for p, w in zip(ps, layer.slice_windows))
-             for ps in (layer.k_pools, layer.v_pools)]
-    out = qd.quantized_decode(qg, *pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v,
-                              layer.rest_len, window_size=WINDOW, config=config, q_scale=h ** -0.5,
-                              tokens_hint=sum(layer.slice_windows) * WINDOW + layer.capacity,
-                              rest_layer=layer.layer, interpret=jax.default_backend() == "cpu")
+    # As a registered name runs it: launches planned on a layer's tokens, not on a layered cache's whole pools
+    # (until s35 this path passed no pool_tokens, so small calls on one cache of 32 layers planned their
+    # launches as for 32 times the tokens: an INT4 launch apart at 1 x 8k, 8 x 1k and 8 x 8k)
+    out = registration.layer_attention(qg, c.layer(layer, stacked=True), scale=h ** -0.5, config=config)
     return out.reshape(b, n, h).astype(q.dtype)
   return run
 

@@ -48,6 +48,8 @@ tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0
 """
 from __future__ import annotations
 
+import functools
+
 import jax
 from jaxtyping import Array, Float
 
@@ -66,23 +68,27 @@ def _arrays(pool: Pool, used_windows: int) -> quantized_decode.PoolArrays | None
 CONFIGS: dict[str, quantized_decode.DecodeConfig] = {}  # what each name registered here runs
 
 
+def layer_attention(qg: Float[Array, "B K G H"], layer: LayerCache, *, scale: float,
+                    config: quantized_decode.DecodeConfig) -> Float[Array, "B K G H"]:
+  """The kernel with tiling `config` on one layer of a cache (what each registered name runs; the benchmarks call
+  it with their own configurations). The launches are planned on the tokens a layer can own in each pool, not on
+  the pools' arrays, which hold every layer's windows."""
+  k_pools = tuple(_arrays(p, n) for p, n in zip(layer.k_pools, layer.slice_windows))
+  v_pools = tuple(_arrays(p, n) for p, n in zip(layer.v_pools, layer.slice_windows))
+  # The most tokens a layer can own: it sets the split count, so it must be static.
+  pool_tokens = tuple(n * layer.window_size for n in layer.slice_windows)
+  return quantized_decode.quantized_decode(
+      qg, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len,
+      window_size=layer.window_size, tokens_hint=sum(pool_tokens) + layer.capacity,
+      pool_tokens=pool_tokens, config=config, q_scale=scale, rest_layer=layer.layer,
+      interpret=jax.default_backend() == "cpu")
+
+
 def register_variant(name: str, config: quantized_decode.DecodeConfig) -> None:
   """Registers the kernel with tiling `config` as implementation `name` (benchmarks time variants
   end to end this way)."""
   CONFIGS[name] = config
-
-  def pallas_attention(qg: Float[Array, "B K G H"], layer: LayerCache, *, scale: float) -> Float[Array, "B K G H"]:
-    k_pools = tuple(_arrays(p, n) for p, n in zip(layer.k_pools, layer.slice_windows))
-    v_pools = tuple(_arrays(p, n) for p, n in zip(layer.v_pools, layer.slice_windows))
-    # The most tokens a layer can own: it sets the split count, so it must be static.
-    pool_tokens = tuple(n * layer.window_size for n in layer.slice_windows)
-    return quantized_decode.quantized_decode(
-        qg, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len,
-        window_size=layer.window_size, tokens_hint=sum(pool_tokens) + layer.capacity,
-        pool_tokens=pool_tokens, config=config, q_scale=scale, rest_layer=layer.layer,
-        interpret=jax.default_backend() == "cpu")
-
-  attention.register(name, scales_q=True)(pallas_attention)
+  attention.register(name, scales_q=True)(functools.partial(layer_attention, config=config))
 
 
 register_variant("pallas", quantized_decode.DecodeConfig())

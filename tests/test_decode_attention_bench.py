@@ -57,3 +57,25 @@ def test_layered_calls_read_each_layer_of_one_cache_in_place():
   for g, w in zip(got, want):
     assert da.rel_err(g, w) < 1e-2
   assert da.rel_err(got[2], da.xla_fn(qs[2], c, layer=1)) > 0.1  # layers differ: a wrong offset would show
+
+
+def test_configured_calls_plan_launches_on_a_layers_tokens(monkeypatch):
+  """A tiling variant's call (`pallas_fn(config)`) on one cache of many layers plans its launches as the registered
+  "pallas" does, on the tokens a layer can own: at batch 8 x 1k (mixed plan) one launch, where planning on the 32
+  layers' pools put the INT4 pool in a launch of its own (s35: the sweep after a variants' table timed that)."""
+  import jax
+
+  from pallas_kernels import quantized_decode as qd
+  launches = []
+  real = qd._launch
+  monkeypatch.setattr(qd, "_launch", lambda *args, **kwargs: launches.append(args[10]) or real(*args, **kwargs))
+  cache = da.synthetic_cache(jax.random.PRNGKey(0), 8, 1024, "mix", layers=32)
+  q = da.queries(jax.random.PRNGKey(1), 8, 1)[0]
+  counts = []
+  for config in (None, qd.DecodeConfig()):
+    launches.clear()
+    jax.eval_shape(lambda q, c: da.pallas_fn(config)(q, c, layer=3), q, cache)
+    counts.append(len(launches))
+  assert counts == [1, 1]
+  whole = qd.int4_launch_pays(qd.DecodeConfig(), 8 * da.KV_HEADS * cache.k_pools[1].data.shape[2])
+  assert whole  # the case the test guards: the whole pool's tokens would have made an INT4 launch
