@@ -501,11 +501,12 @@ VARIANTS = {
     # fill and the merge are the time): fewer splits (256 or 512 keys at least, J = 4 or 2), two pipeline
     # stages, and one program a (request, KV head) running its phases in turn (one partial: the merge is a
     # division)
-    "split256": qd.DecodeConfig(min_tokens_per_split=256),
+    "split256": qd.DecodeConfig(min_tokens_per_split=256),  # the default since s35
+    "split128": qd.DecodeConfig(min_tokens_per_split=128),  # the default until s35 (J = 8 at 1k)
     "split512": qd.DecodeConfig(min_tokens_per_split=512),
     "stages2": qd.DecodeConfig(num_stages=2),
     "one_program": qd.DecodeConfig(min_tokens_per_split=1 << 30, parallel_phases=False),
-    # the main launch merging its own parts where it is the call's only launch (s34: written offline, untimed)
+    # the main launch merging its own parts where it is the call's only launch (s34; slower everywhere, s35)
     "merge_in_kernel": qd.DecodeConfig(merge_in_kernel=True),
     "merge_split256": qd.DecodeConfig(merge_in_kernel=True, min_tokens_per_split=256),
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)

@@ -113,7 +113,12 @@ class DecodeConfig:
   multiprocessors: int | None = None  # None: the device's count (132 on an H200)
   round_to_waves: bool = True  # pick the split count by whole waves of programs (else: fill one wave)
   program_tokens: int = 256  # a program's fixed cost, in keys streamed (for the split count)
-  min_tokens_per_split: int = 128
+  # 256 since session 35 (128 before): short calls' programs then read 256 keys or more, fewer programs each
+  # paying a start. Mixed plan, GPU span a call, H100 (`decode_attention_s35_b{1,8}_{1k,8k}_variants_h100.md`):
+  # 1 x 1k 8.8 against 10.8 µs, 1 x 8k 16.0 against 20.0, 8 x 1k 13.2 against 18.2; the 7B step, where the
+  # weights bound it, the same at 1 x 100 and 20 x 5 (6.048 against 6.059 ms windowquant, 6.063 against 6.053
+  # fp16; `decode_throughput_*_s35_split256_gpu.md`). Long calls' splits are longer than this anyway.
+  min_tokens_per_split: int = 256
   num_warps: int = 4
   num_stages: int = 3
   # One program a phase (segment kind) instead of one running them in turn; None: where that grid still

@@ -260,7 +260,7 @@ def test_phases_in_parallel_only_within_two_waves():
   """By default a program runs one phase only where that grid still fits two waves: batch 1 x 1k and
   8 x 1k tokens (4 heads x 8 splits x 3 phases: 96 and 768 programs on 396 slots), not batch 1 x 32k
   or 8 x 32k, whose programs fill waves already."""
-  cfg = qd.DecodeConfig(multiprocessors=132)
+  cfg = qd.DecodeConfig(multiprocessors=132, min_tokens_per_split=128)  # 8 splits at 1k
   small = 4 * qd.num_splits(1, 4, 1024, cfg)
   assert qd.phases_in_parallel(cfg, small, 3)
   assert qd.phases_in_parallel(cfg, 32 * qd.num_splits(8, 4, 1024, cfg), 3)
