@@ -461,6 +461,20 @@ def value_row_byte(group: int, bits: int) -> tuple[int, int]:
   return (0, group) if bits == 2 else (32 * (group % 2), group // 2)
 
 
+def _register_types():
+  """(i32, f16x2, c) for the register paths' inline MLIR: c(v) makes an i32 constant."""
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith
+  i32 = ir.IntegerType.get_signless(32)
+  return i32, ir.VectorType.get((2,), ir.F16Type.get()), lambda v: arith.constant(i32, v)
+
+
+def _swizzled_codes(row_bytes: int):
+  """The ref type of a step's codes as TMA stores them: rows of `row_bytes`, tiled by 8 rows, swizzled."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  return plgpu.RefType((plgpu.TilingTransform((8, row_bytes)), plgpu.SwizzleTransform(row_bytes)))
+
+
 def _first_row(thread, c):
   """A thread's first row in the WGMMA layout of a [64, N] operand (i32): 16w + lane // 4, w its warp in the
   warpgroup; its other row is 8 further. `c` makes i32 constants."""
@@ -518,7 +532,7 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
   shape = (HEAD_DIM, STEP)
 
   row_bytes = HEAD_DIM * bits // 8
-  codes_type = plgpu.RefType((plgpu.TilingTransform((8, row_bytes)), plgpu.SwizzleTransform(row_bytes)))
+  codes_type = _swizzled_codes(row_bytes)
 
   @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()),
                      return_type=plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=wgmma))
@@ -599,15 +613,13 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
   from jax._src.lib.mlir.dialects import arith, llvm, vector
 
   shape, row_bytes = (HEAD_DIM, STEP), HEAD_DIM * bits // 8
-  codes_type = plgpu.RefType((plgpu.TilingTransform((8, row_bytes)), plgpu.SwizzleTransform(row_bytes)))
+  codes_type = _swizzled_codes(row_bytes)
 
   @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()),
                      return_type=plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=plgpu.Layout.WGMMA))
   def unpack(ctx, codes, scales, minimums):
     del ctx
-    i32 = ir.IntegerType.get_signless(32)
-    half2 = ir.VectorType.get((2,), ir.F16Type.get())
-    c = lambda v: arith.constant(i32, v)
+    i32, half2, c = _register_types()
     thread = mgpu.utils.thread_idx()
     lane, warp = arith.andi(thread, c(31)), arith.andi(arith.shrui(thread, c(5)), c(3))
     chunk = arith.andi(warp, c(1)) if bits == 2 else warp  # ldmatrix_value_chunk
@@ -690,15 +702,13 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
   width, parts = HEAD_DIM * bits // 8, 8 // bits  # a part's channels = a row's code bytes
   groups, words = width // 8, width // 16  # a thread's column groups (pairs of bytes) and words of a row
   shape, layout = (STEP, width), plgpu.Layout.WGMMA
-  codes_type = plgpu.RefType((plgpu.TilingTransform((8, width)), plgpu.SwizzleTransform(width)))
+  codes_type = _swizzled_codes(width)
   part_type = plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=layout)
 
   @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()), return_type=(part_type,) * parts)
   def unpack(ctx, codes, scales, minimums):
     del ctx
-    i32 = ir.IntegerType.get_signless(32)
-    half2 = ir.VectorType.get((2,), ir.F16Type.get())
-    c = lambda v: arith.constant(i32, v)
+    i32, half2, c = _register_types()
     thread = mgpu.utils.thread_idx()
     row = _first_row(thread, c)  # the thread's first token
     lane_pair = arith.andi(thread, c(3))
