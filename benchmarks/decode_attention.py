@@ -506,9 +506,6 @@ VARIANTS = {
     "split512": qd.DecodeConfig(min_tokens_per_split=512),
     "stages2": qd.DecodeConfig(num_stages=2),
     "one_program": qd.DecodeConfig(min_tokens_per_split=1 << 30, parallel_phases=False),
-    # the main launch merging its own parts where it is the call's only launch (s34; slower everywhere, s35)
-    "merge_in_kernel": qd.DecodeConfig(merge_in_kernel=True),
-    "merge_split256": qd.DecodeConfig(merge_in_kernel=True, min_tokens_per_split=256),
     "mosaic_int2_block2": qd.DecodeConfig(  # two steps a pipeline iteration (untimed)
         int2_mosaic=True, mosaic_options=tuple(mi.VARIANTS["deferred_values_first_block2"].items())),
     # four INT2 windows a step (two programs an SM; run 10: 239 µs on the mix against the default's 147)

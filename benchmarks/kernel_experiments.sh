@@ -24,7 +24,8 @@
 #   bash benchmarks/kernel_experiments.sh combine_step  # (s33) the merge in one launch at small batches, 7B step
 #   bash benchmarks/kernel_experiments.sh batch8    # (s33) batch 8 x 32k, a program a phase; 1 x 1k, many calls
 #   bash benchmarks/kernel_experiments.sh pool512   # (s33) 60 x 5: the default's Mosaic pools from 512 tokens
-#   bash benchmarks/kernel_experiments.sh merge     # (s34, untimed) the launch merging its own parts, small calls
+#   (s34's `merge` part timed `merge_in_kernel`, the launch merging its own parts: slower everywhere on an H100 in
+#    s35, and removed; `decode_attention_s35_*_h100.md`)
 #   bash benchmarks/kernel_experiments.sh h200      # (s34) the headline rows with today's defaults (~9 min)
 #   bash benchmarks/kernel_experiments.sh vldsm     # (s35, untimed) V's codes by ldmatrix.trans: the INT2 and
 #                                                   # INT4 kernels at batch 32 and 60, issue 5's batch 60 x 32k,
@@ -109,14 +110,6 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 1x100 20x5 \
       --attention pallas pallas:fused_combine --methods windowquant fp16 --out "$out" --budget-s 200 \
       --tag ${tag}_fused_combine ;;
-  merge)  # (s34, for the next device) the main launch merging its own parts (`merge_in_kernel`), beside the
-          # default and J = 4 (`split256`): small calls (layered), then the 7B step at small batches
-    timeout 220 python benchmarks/decode_attention.py --gpu-time --batches 1,8 --tokens 1024,8192 --plans mix,fp16 \
-      --variant-shape 1,1024 --variant-plans mix --variants default,merge_in_kernel,split256,merge_split256 \
-      --out "$out" --tag ${tag}_merge || echo "(stopped: merge, decode_attention)"
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 1x100 20x5 \
-      --attention pallas pallas:merge_in_kernel --methods fp16 windowquant --out "$out" --budget-s 250 \
-      --tag ${tag}_merge ;;
   h200)  # (s34, for the next H200) the headline rows with today's defaults: issue 5's batch 60 x 32k, the short
          # sweep (small calls layered since s34), then 60 x 5 against "pallas:triton"
     timeout 90 python benchmarks/decode_attention.py --tokens 32768 --plans mix --inner 1 --gpu-time --out "$out" \
@@ -142,6 +135,6 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_wg4_lean_eight_vldsm --methods windowquant fp16 --out "$out" \
       --budget-s 300 --tag ${tag}_vldsm ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|merge|h200|vldsm|vldsm_step" >&2
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step" >&2
      exit 2 ;;
 esac

@@ -144,12 +144,6 @@ class DecodeConfig:
   # at small batches it still loses: 1 x 100, windowquant 6.274 against 6.067 ms, fp16 6.180 against 6.092 (H100,
   # `decode_throughput_*_s33_fused_combine_h100.md`).
   fused_combine: bool = False
-  # Merge the partial softmaxes inside the main launch (session 34; untimed, off): each program, its parts
-  # written, adds one to its (request, KV head)'s counter, and the one that completes the count merges the pair's
-  # parts and writes its G rows of the output in q's dtype. A call is then a memset of the counters and one
-  # launch, where XLA's merge is three or four more kernels after it (at batch 1 x 1k, ~4.6 µs of GPU time beside
-  # the launch's 4.9, H100, s34). Only where the call is one Triton launch (no INT4 launch apart, no Mosaic pool).
-  merge_in_kernel: bool = False
   combine_channel_blocks: int | None = None  # the combine's channel blocks; None: `combine_channel_blocks`
   # The INT2 pool (window-wise key and value scales, window 32, head dim 128, G <= 8) in a launch of
   # `mosaic_int2.py`'s Mosaic GPU kernel (JAX >= 0.11), merged with the other launches' partials by the
@@ -645,8 +639,7 @@ def _fresh(rows: int, width: int, parts: int):
 
 def _kernel(offsets_ref, counts_ref, rest_len_ref, layer_ref, sizes_ref, q_ref, *refs, segments: tuple[_Segment, ...],
             kv_heads, group, padded_group, window, rest_block, with_rest: bool, phases: int,
-            parallel_phases: bool, q_scale: float, cfg: DecodeConfig, merge: int = 0, interpret: bool = False):
-  # merge: the splits J of every (request, KV head) where the launch merges its parts (0: it writes them only)
+            parallel_phases: bool, q_scale: float, cfg: DecodeConfig):
   """One (request, KV head, split): its share of every segment, as partial softmaxes (o, m, l).
 
   Phase 0 holds the high-precision pools and the rest segment (if `with_rest`:
@@ -654,15 +647,8 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, layer_ref, sizes_ref, q_ref, 
   more phase (the combine merges phases like splits). A program runs its
   phases one after another, or, with `parallel_phases`, one program runs
   one phase (program = (request, KV head, split) * phases + phase).
-
-  With `merge` (J, the splits: `merge_in_kernel`), o, m
-  and l are whole arrays, written at this program's index, and the last program
-  of a (request, KV head) to finish merges its parts into the output (`_merge_last`).
   """
-  if merge:
-    *in_refs, _, o_ref, m_ref, l_ref, out_ref, counters_ref = refs  # the counters' input is aliased to the output
-  else:
-    *in_refs, o_ref, m_ref, l_ref = refs
+  *in_refs, o_ref, m_ref, l_ref = refs
   it = iter(in_refs)
   seg_refs = [tuple(next(it) for _ in range(2 if seg.bits == 16 else 6)) for seg in segments]
   rest_refs = (next(it), next(it)) if with_rest else None
@@ -682,10 +668,7 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, layer_ref, sizes_ref, q_ref, 
     return q.astype(jnp.float32) * (q_scale * _LOG2E)  # scores in base 2: the softmax takes exp2
 
   def write(phase, m, l, accs):  # accs: column blocks of the output, in order
-    if merge:  # whole arrays: this (request, head, split)'s row
-      at = (program, phase)
-    else:
-      at = () if parallel_phases else (phase,)  # a parallel program's blocks hold its phase alone
+    at = () if parallel_phases else (phase,)  # a parallel program's blocks hold its phase alone
     m_ref[(*at, slice(None))], l_ref[(*at, slice(None))] = m, l
     width = head_dim // len(accs)
     for k, acc in enumerate(accs):
@@ -728,49 +711,6 @@ def _kernel(offsets_ref, counts_ref, rest_len_ref, layer_ref, sizes_ref, q_ref, 
       pl.when(our_phase == phase)(lambda phase=phase, body=body: write(phase, *body()))
     else:
       write(phase, *body())
-  if merge:  # the pair's programs: a split each, or a split and phase each where the phases run in parallel
-    _merge_last(o_ref, m_ref, l_ref, out_ref, counters_ref, bk, programs=merge * (phases if parallel_phases else 1),
-                splits=merge, phases=phases, group=group, padded_group=padded_group, interpret=interpret)
-
-
-def _merge_last(o_ref, m_ref, l_ref, out_ref, counters_ref, bk, *, programs: int, splits: int, phases: int,
-                group: int, padded_group: int, interpret: bool):
-  """Counts this program done for (request, KV head) `bk`; the one that completes the count (of `programs`)
-  merges the pair's parts (o, m, l at rows bk * splits + j, every phase; online, in one pass) and writes
-  the G rows of the output. The atomic add orders each program's writes before its count (acquire-release at
-  GPU scope, after a barrier of the program's threads), and the merging program loads the parts past L1."""
-  if not interpret:
-    plgpu.debug_barrier()  # every thread's parts written before the count says so
-  done = plgpu.atomic_add(counters_ref, (bk,), jnp.ones((), jnp.int32))
-
-  @pl.when(done == programs - 1)
-  def _():
-    load = functools.partial(plgpu.load, volatile=not interpret)
-    first = bk * splits  # the pair's rows of o, m and l: a split each, its phases along the next axis
-
-    def add(j, carry):  # split j's parts, the running maximum rescaling what came before (one pass)
-      m_run, total, acc = carry
-      for phase in map(jnp.int32, range(phases)):  # (an array index: a static one fails the interpreter's load)
-        m = load(m_ref.at[first + j, phase, :])
-        m_new = jnp.maximum(m_run, m)
-        old, w = jnp.exp2(m_run - m_new), jnp.exp2(m - m_new)
-        total = total * old + w * load(l_ref.at[first + j, phase, :])
-        acc = acc * old[:, None] + w[:, None] * load(o_ref.at[first + j, phase, :, :])
-        m_run = m_new
-      return m_run, total, acc
-
-    fresh = (jnp.full((padded_group,), _NEG, jnp.float32), jnp.zeros((padded_group,), jnp.float32),
-             jnp.zeros(o_ref.shape[-2:], jnp.float32))
-    # Eight splits a loop step, written out (Pallas' Triton lowering unrolls no loop), so that their loads are in
-    # flight together rather than one split's after another's; the rest after the loop.
-    chunk = min(splits, 8)
-    carry = lax.fori_loop(0, splits // chunk, lambda i, c: functools.reduce(
-        lambda c, k: add(i * chunk + k, c), range(chunk), c), fresh)
-    _, total, acc = functools.reduce(lambda c, j: add(j, c), range(splits - splits % chunk, splits), carry)
-    out = acc / jnp.where(total > 0, total, 1.0)[:, None]
-    real = lax.broadcasted_iota(jnp.int32, (padded_group, 1), 0) < group  # rows past G are the next pair's
-    plgpu.store(out_ref.at[pl.ds(bk * group, padded_group), :], out.astype(out_ref.dtype),
-                mask=jnp.broadcast_to(real, out.shape))
 
 
 # ----------------------------------------------------------------------------- pallas_call
@@ -843,10 +783,7 @@ def quantized_decode(
   # `config` as this launch takes it (`for_launch`): a large one merges its sets as `LARGE_BATCH_MOSAIC` says.
   sets, config = _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                                        window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
-                                       config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret,
-                                       merge=config.merge_in_kernel)
-  if not isinstance(sets[0], tuple):  # merged by its one launch (`merge_in_kernel`)
-    return sets[0]
+                                       config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
   if config.fused_combine:
     return combine_kernel(sets, qg.shape[2], config=config, interpret=interpret)
   if len(sets) > 1:  # the launches' partials (Gp and 8 rows) merged where they lie: no concatenated copy
@@ -893,13 +830,12 @@ def _rows_first(o):
 def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, *, window_size: int,
                           tokens_hint: int | None = None, pool_tokens: tuple[int, ...] | None = None,
                           config: DecodeConfig = DecodeConfig(), q_scale: float = 1.0, rest_layer=None,
-                          interpret: bool = False, merge: bool = False
-                          ) -> tuple[list[tuple[jax.Array, jax.Array, jax.Array] | jax.Array], DecodeConfig]:
+                          interpret: bool = False) -> tuple[list[tuple[jax.Array, jax.Array, jax.Array]],
+                                                             DecodeConfig]:
   """`partial_softmaxes` as a list of sets: the Triton launches' (a set each, Gp rows: the INT4 pools' launch
   apart where it pays), then each Mosaic launch's where it serves a pool (its own 8 rows, o heads last: see
   `_rows_first`); and `config` as this launch took it (`for_launch`'s where a Mosaic launch is made, else the
-  caller's). With `merge`, where the call is one Triton launch, that launch merges its parts itself: the
-  list holds the attention [B, K, G, H] instead."""
+  caller's)."""
   b, kh, g, h = qg.shape
   gp = max(16, 1 << (g - 1).bit_length())
   present = [i for i, kp in enumerate(k_pools) if kp is not None and kp.data.shape[2] > 0]
@@ -937,7 +873,7 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
     parts = [launch(others, True, tokens_hint - sum(pool_tokens[i] for i in int4), config),
              launch(int4, False, sum(pool_tokens[i] for i in int4), config.int4_launch)]
     return parts, requested  # two sets, merged where they lie
-  return [launch(present, True, tokens_hint, config, merge=merge)], requested
+  return [launch(present, True, tokens_hint, config)], requested
 
 
 def for_launch(config: DecodeConfig, pairs: int, pool_tokens: int, *, interpret: bool) -> DecodeConfig:
@@ -1043,11 +979,10 @@ def phases_in_parallel(config: DecodeConfig, programs: int, phases: int) -> bool
 
 def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, rest_layer, pools: list[int],
             with_rest: bool, tokens_hint: int, config: DecodeConfig, *, window_size: int, q_scale: float,
-            interpret: bool, merge: bool = False):
+            interpret: bool):
   """One pallas_call over the pools at indices `pools` (and the rest segment, if `with_rest`; of layer
   `rest_layer` [1] where it is stacked [L, B, K, R, H]): partial softmaxes o [B, K, J * phases, Gp, H],
-  m and l [B, K, J * phases, Gp]; with `merge`, the attention itself [B, K, G, H] in q's dtype, merged by
-  the launch (`merge_in_kernel`)."""
+  m and l [B, K, J * phases, Gp]."""
   b, kh = rest_k.shape[-4:-2]
   g, h = q.shape[0] // (b * kh), q.shape[1]
   splits = num_splits(b, kh, max(tokens_hint, 1), config)
@@ -1077,17 +1012,8 @@ def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, 
       _kernel, segments=tuple(segments), kv_heads=kh, group=g, padded_group=gp, window=window_size,
       rest_block=min(config.dense_tokens, _pow2_floor(rest_k.shape[-2])), with_rest=with_rest,
       phases=phases, parallel_phases=parallel, q_scale=q_scale,
-      cfg=dataclasses.replace(config, inline_asm=config.inline_asm and not interpret),
-      merge=splits if merge else 0, interpret=interpret)
-  # Whole arrays, indexed by element (not by block) so that no size becomes a constant of the code.
-  whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
-  out_shape = [jax.ShapeDtypeStruct((n, phases, gp, h), jnp.float32),
-               jax.ShapeDtypeStruct((n, phases, gp), jnp.float32),
-               jax.ShapeDtypeStruct((n, phases, gp), jnp.float32)]
-  if merge:  # the parts where any program can read them, the output, and a count of each pair's programs done
-    out_shape += [jax.ShapeDtypeStruct((b * kh * g, h), q.dtype), jax.ShapeDtypeStruct((b * kh,), jnp.int32)]
-    out_specs = [whole(x) for x in out_shape]
-  elif parallel:  # program i: phase i % phases of (request, head, split) i // phases
+      cfg=dataclasses.replace(config, inline_asm=config.inline_asm and not interpret))
+  if parallel:  # program i: phase i % phases of (request, head, split) i // phases
     out_specs = [pl.BlockSpec((None, None, gp, h), lambda i: (i // phases, i % phases, 0, 0)),
                  pl.BlockSpec((None, None, gp), lambda i: (i // phases, i % phases, 0)),
                  pl.BlockSpec((None, None, gp), lambda i: (i // phases, i % phases, 0))]
@@ -1095,24 +1021,22 @@ def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, 
     out_specs = [pl.BlockSpec((None, phases, gp, h), lambda i: (i, 0, 0, 0)),
                  pl.BlockSpec((None, phases, gp), lambda i: (i, 0, 0)),
                  pl.BlockSpec((None, phases, gp), lambda i: (i, 0, 0))]
+  # Whole arrays, indexed by element (not by block) so that no size becomes a constant of the code.
+  whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
   inputs = [offsets.astype(jnp.int32), counts.astype(jnp.int32), rest_len.astype(jnp.int32), rest_layer, sizes, q,
             *operands]
-  if merge:
-    inputs.append(jnp.zeros((b * kh,), jnp.int32))  # the counters, written in place (aliased to the last output)
-  outs = pl.pallas_call(
+  o, m, l = pl.pallas_call(
       kernel,
       grid=(n * phases if parallel else n,),
       in_specs=[whole(x) for x in inputs],
       out_specs=out_specs,
-      out_shape=out_shape,
-      input_output_aliases={len(inputs) - 1: len(out_shape) - 1} if merge else {},
+      out_shape=[jax.ShapeDtypeStruct((n, phases, gp, h), jnp.float32),
+                 jax.ShapeDtypeStruct((n, phases, gp), jnp.float32),
+                 jax.ShapeDtypeStruct((n, phases, gp), jnp.float32)],
       compiler_params=plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages),
       interpret=interpret,
       name="wq_quantized_decode",
   )(*inputs)
-  if merge:
-    return outs[3].reshape(b, kh, g, h)
-  o, m, l = outs
   shape = (b, kh, splits * phases, gp)  # each phase of each split is one partial softmax
   return o.reshape(*shape, h), m.reshape(shape), l.reshape(shape)
 

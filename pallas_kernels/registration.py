@@ -95,7 +95,6 @@ register_variant("pallas", quantized_decode.DecodeConfig())
 register_variant("pallas:triton", quantized_decode.TRITON_ONLY)
 register_variant("pallas:fused_combine", quantized_decode.DecodeConfig(fused_combine=True))
 register_variant("pallas:combine_one_block", quantized_decode.DecodeConfig(combine_channel_blocks=1))
-register_variant("pallas:merge_in_kernel", quantized_decode.DecodeConfig(merge_in_kernel=True))  # s34; slower, s35
 register_variant("pallas:split128", quantized_decode.DecodeConfig(min_tokens_per_split=128))  # the default until s35
 if mosaic_int2.available():
   register_variant("pallas:mosaic_int2", quantized_decode.DecodeConfig(int2_mosaic=True))

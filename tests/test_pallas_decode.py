@@ -398,7 +398,7 @@ def test_stacked_rest_segment_in_place():
   q = jax.random.normal(jax.random.PRNGKey(24), (3, 14, 64))
   k_new, v_new = jax.random.normal(jax.random.PRNGKey(25), (2, 3, 2, 64))
   runs = {name: jax.jit(lambda q, layer, name=name: attention.decode_attention(q, layer, implementation=name))
-          for name in ("pallas", "xla", "pallas:merge_in_kernel")}
+          for name in ("pallas", "xla")}
   for l in range(c.num_layers):
     own = c.layer(l).append(k_new, v_new)
     stacked = c.layer(l, stacked=True).append(k_new, v_new)
@@ -411,25 +411,3 @@ def test_stacked_rest_segment_in_place():
     for implementation, run in runs.items():
       np.testing.assert_allclose(np.asarray(run(q, stacked)), np.asarray(run(q, own)), rtol=0, atol=1e-5,
                                  err_msg=f"layer {l}, {implementation}")
-
-
-# The launch merging its own parts (`merge_in_kernel`): the last program of a (request, KV head) to finish merges
-# them; phases in turn and in parallel, several splits, G = 7 (rows past G belong to the next pair) and G = 8.
-MERGED = dataclasses.replace(TILED, merge_in_kernel=True)
-
-
-@pytest.mark.parametrize("config, group", [(MERGED, 7), (dataclasses.replace(MERGED, parallel_phases=True), 8),
-                                           (dataclasses.replace(MERGED, parallel_phases=False), 1)])
-def test_launch_merges_its_own_parts(config, group):
-  check_case(31, batch=3, kv_heads=2, group=group, head_dim=64, config=config)
-
-
-def test_merge_in_kernel_lowers_for_cuda():
-  """The merging launch lowers to Triton (its atomic, barrier and volatile loads included) without a GPU."""
-  c = make_cache(32, batch=2, kv_heads=2, head_dim=128, windows=6)
-  qg = jax.random.normal(jax.random.PRNGKey(33), (2, 2, 7, 128))
-  config = dataclasses.replace(MERGED, inline_asm=True)
-  fn = lambda qg, layer: qd.quantized_decode(qg, *pool_arrays(layer), layer.offsets, layer.counts, layer.rest_k,
-                                             layer.rest_v, layer.rest_len, window_size=WINDOW, config=config)
-  text = jax.jit(fn).trace(qg, c.layer(0)).lower(lowering_platforms=("cuda",)).as_text()
-  assert text.count("wq_quantized_decode") >= 1 and "output_operand_alias" in text
