@@ -27,7 +27,7 @@
 #   (s34's `merge` part timed `merge_in_kernel`, the launch merging its own parts: slower everywhere on an H100 in
 #    s35, and removed; `decode_attention_s35_*_h100.md`)
 #   bash benchmarks/kernel_experiments.sh h200      # (s34) the headline rows with today's defaults (~9 min)
-#   bash benchmarks/kernel_experiments.sh vldsm     # (s35, untimed) V's codes by ldmatrix.trans: the INT2 and
+#   bash benchmarks/kernel_experiments.sh vldsm     # (s35; H100: < 1 %) V's codes by ldmatrix.trans: the INT2 and
 #                                                   # INT4 kernels at batch 32 and 60, issue 5's batch 60 x 32k,
 #                                                   # each beside the default; `vldsm_step`: the 32 x 100 step
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;

@@ -475,6 +475,18 @@ def _swizzled_codes(row_bytes: int):
   return plgpu.RefType((plgpu.TilingTransform((8, row_bytes)), plgpu.SwizzleTransform(row_bytes)))
 
 
+def _ldmatrix_first_channel(c, bits: int):
+  """`values_by_ldmatrix`: `ldmatrix_value_channel(w, j, 0, 0, bits)` of this thread (i32; `c` makes i32
+  constants): its rows' h and m add the static `ldmatrix_value_channel(0, 0, h, m, bits)`."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax._src.lib.mlir.dialects import arith
+  thread = mgpu.utils.thread_idx()
+  warp, j = arith.andi(arith.shrui(thread, c(5)), c(3)), arith.shrui(arith.andi(thread, c(31)), c(2))
+  chunk = arith.andi(warp, c(1)) if bits == 2 else warp  # ldmatrix_value_chunk
+  channel = arith.addi(arith.muli(chunk, c(16)), arith.muli(j, c(2)))
+  return arith.addi(channel, arith.muli(arith.shrui(warp, c(1)), c(64))) if bits == 2 else channel
+
+
 def _first_row(thread, c):
   """A thread's first row in the WGMMA layout of a [64, N] operand (i32): 16w + lane // 4, w its warp in the
   warpgroup; its other row is 8 further. `c` makes i32 constants."""
@@ -634,22 +646,18 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
                                "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {$0, $1, $2, $3}, [$4];",
                                "=r,=r,=r,=r,r", has_side_effects=True)  # not moved above the TMA's barrier wait
       raw += [llvm.extractvalue(i32, loaded, [k]) for k in range(4)]
-    if bits == 2:  # ldmatrix_value_rotation(w, h), with the warp's part pair as data; the same for both parts
-      rotation = {(h, m): arith.andi(arith.addi(c(26 + 8 * h), arith.muli(part_pair, c(4))), c(31))
-                  for h in range(2) for m in range(2)}
-    else:
-      rotation = {(h, m): c(ldmatrix_value_rotation(0, h, m, bits)) for h in range(2) for m in range(2)}
+    if bits == 2:  # ldmatrix_value_rotation(w, h), the warp's part pair as data: one a byte, for both its parts
+      amounts = [arith.andi(arith.addi(c(26 + 8 * h), arith.muli(part_pair, c(4))), c(31)) for h in range(2)]
     # INT2: parts at bits 6-7 and 8-9, magic 16 and 4; INT4: nibbles at bits 4-7, magic 64
     constants = [folded_part_constants(m, bits) for m in range(2)]
     negated_magic = [mgpu.utils.bitcast(c(0x10001 * _f16_bits(-k[3])), half2) for k in constants]
 
-    first_channel = arith.addi(arith.muli(chunk, c(16)), arith.muli(arith.shrui(lane, c(2)), c(2)))
+    first_channel = _ldmatrix_first_channel(c, bits)
     metadata = {}  # (window, m) -> (scale pair, folded minimum pair), f16x2: channels ch, ch + 1 of the part
 
     def pairs(window, m):
       if (window, m) not in metadata:
-        channel = (arith.addi(first_channel, arith.addi(arith.muli(part_pair, c(64)), c(32 * m))) if bits == 2
-                   else arith.addi(first_channel, c(64 * m)))
+        channel = arith.addi(first_channel, c(ldmatrix_value_channel(0, 0, 0, m, bits)))
         loaded = []
         for ref in (scales, minimums):
           address = arith.addi(llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref)),
@@ -664,20 +672,24 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
       x = vector.extract(pair, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([h]))
       return vector.broadcast(half2, x)
 
-    rotated = {}
+    def rotated(i, h, m):  # raw[i] with part m of byte b_h under its exponent: INT2 a rotation a byte, INT4 a part
+      key = (i, h) if bits == 2 else (i, h, m)
+      if key not in rotations:
+        if bits == 4 and ldmatrix_value_rotation(0, h, m, bits) == 0:  # b0's high nibble: in place
+          rotations[key] = raw[i]
+        else:
+          amount = amounts[h] if bits == 2 else c(ldmatrix_value_rotation(0, h, m, bits))
+          rotations[key] = llvm.inline_asm(i32, [raw[i], amount], "shf.r.wrap.b32 $0, $1, $1, $2;", "=r,r,r")
+      return rotations[key]
+
+    rotations = {}
     registers = np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object)
     for idx, row, token in _register_offsets(shape):
       i, h, m = token // 8, (row % STEP) // 8, row // STEP
-      amount = rotation[h, m]  # INT2: one a byte; INT4: one a part (none for b0's high nibble)
-      if bits == 4 and ldmatrix_value_rotation(0, h, m, bits) == 0:
-        rotated[i, h, m] = raw[i]
-      elif (i, h, m if bits == 4 else 0) not in rotated:
-        rotated[i, h, m if bits == 4 else 0] = llvm.inline_asm(i32, [raw[i], amount], "shf.r.wrap.b32 $0, $1, $1, $2;",
-                                                               "=r,r,r")
       _, mask, exponent, _ = constants[m]
       scale, minimum = pairs(token // WINDOW, m)
-      registers[idx] = _fma_f16x2(_kept_bits(rotated[i, h, m if bits == 4 else 0], mask, exponent, i32, half2),
-                                  broadcast(scale, h), broadcast(minimum, h), half2)
+      registers[idx] = _fma_f16x2(_kept_bits(rotated(i, h, m), mask, exponent, i32, half2), broadcast(scale, h),
+                                  broadcast(minimum, h), half2)
     return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
   return unpack(codes_ref, scale_ref, minimum_ref)
@@ -751,9 +763,9 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
 
 
 def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False, bits: int = 2):
-  """O^T f32 [128, 16] (WGMMA layout) whose rows are channels in `value_row_channels(by_ldmatrix, bits)` order -> o_ref
-  (a plain [128, 16] f32 buffer in shared memory) in channel order: each register pair to its channel's row (8
-  stores of 8 bytes a thread), so that no pass after the kernel puts them back."""
+  """O^T f32 [128, 16] (WGMMA layout) whose rows are channels in `value_row_channels(by_ldmatrix, bits)` order
+  -> o_ref (a plain [128, 16] f32 buffer in shared memory) in channel order: each register pair to its channel's
+  row (8 stores of 8 bytes a thread), so that no pass after the kernel puts them back."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -767,14 +779,8 @@ def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False, bits: int = 2
     i32 = ir.IntegerType.get_signless(32)
     c = lambda v: arith.constant(i32, v)
     column, first_column = _thread_position(i32)
-    if by_ldmatrix:  # ldmatrix_value_channel(w, j, 0, 0), the thread's first row's: h and m add static offsets
-      warp = arith.andi(arith.shrui(mgpu.utils.thread_idx(), c(5)), c(3))
-      lane_row = arith.shrui(arith.andi(mgpu.utils.thread_idx(), c(31)), c(2))
-      if bits == 2:  # 16 (w % 2) + 2j + 64 (w // 2)
-        column = arith.addi(arith.addi(arith.muli(arith.andi(warp, c(1)), c(16)), arith.muli(lane_row, c(2))),
-                            arith.muli(arith.shrui(warp, c(1)), c(64)))
-      else:  # 16 w + 2j
-        column = arith.addi(arith.muli(warp, c(16)), arith.muli(lane_row, c(2)))
+    if by_ldmatrix:  # the thread's first row's channel: h and m add static offsets
+      column = _ldmatrix_first_channel(c, bits)
     base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(o_ref))
     for idx, row, col in _register_offsets(shape):
       pair = o_t.registers[idx]
@@ -995,7 +1001,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   of two adjacent code bytes (`ldmatrix_value_channel`), not INT2's four parts of one byte or INT4's two parts of
   two bytes 32 apart, so that two `ldmatrix.trans` a step bring its codes where 16 (INT2) or 32 (INT4) byte loads
   and their `prmt` did, and a window's scales and minimums of a part come as a pair of channels
-  (`_values_by_ldmatrix`; 8 loads and 4 folds a step where 16 and 8; untimed, s35).
+  (`_values_by_ldmatrix`; 8 loads and 4 folds a step where 16 and 8; correct and < 1 % faster on an H100, s35).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -1715,12 +1721,12 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                   fetch_by_one_warp=True, folded_minimums=True,
                                                   eight_column_softmax=True),
     # that, V's codes by two `ldmatrix.trans` a thread and step, a thread's rows two parts of two bytes
-    # (`values_by_ldmatrix`; untimed, s35)
+    # (`values_by_ldmatrix`; < 1 % faster on an H100, s35; untimed on an H200)
     "wg4_large_batch_ftz_lean_folded_eight_vldsm": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
                                                         fetch_by_one_warp=True, folded_minimums=True,
                                                         eight_column_softmax=True, values_by_ldmatrix=True),
     # INT4 pools as the large-batch configurations take them (`quantized_decode.pool_options`: no permuted keys),
-    # and that with V's codes by `ldmatrix.trans` (untimed, s35)
+    # and that with V's codes by `ldmatrix.trans` (s35)
     "wg4_large_batch_ftz_int4_eight": dict(_LARGE_BATCH, values_in_registers=True, fetch_by_one_warp=True,
                                            folded_minimums=True, eight_column_softmax=True),
     "wg4_large_batch_ftz_int4_eight_vldsm": dict(_LARGE_BATCH, values_in_registers=True, fetch_by_one_warp=True,

@@ -117,7 +117,7 @@ class DecodeConfig:
   # paying a start. Mixed plan, GPU span a call, H100 (`decode_attention_s35_b{1,8}_{1k,8k}_variants_h100.md`):
   # 1 x 1k 8.8 against 10.8 µs, 1 x 8k 16.0 against 20.0, 8 x 1k 13.2 against 18.2; the 7B step, where the
   # weights bound it, the same at 1 x 100 and 20 x 5 (6.048 against 6.059 ms windowquant, 6.063 against 6.053
-  # fp16; `decode_throughput_*_s35_split256_gpu.md`). Long calls' splits are longer than this anyway.
+  # fp16; `decode_throughput_*_s35_split256_h100.md`). Long calls' splits are longer than this anyway.
   min_tokens_per_split: int = 256
   num_warps: int = 4
   num_stages: int = 3
@@ -315,8 +315,9 @@ MOSAIC_LEAN_EIGHT = dataclasses.replace(
     MOSAIC_LEAN_FOLDED, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"].items()))
 # That with the INT2 and INT4 pools' value codes brought by `ldmatrix.trans` (`values_by_ldmatrix`: a thread's
 # rows of V^T two parts of two adjacent bytes, 2 loads a step where 16 (INT2) or 32 (INT4) byte loads and their
-# `prmt` were, and its scales and minimums as pairs of channels; "pallas:mosaic_wg4_lean_eight_vldsm"; untimed,
-# s35). KIVI's pools take MOSAIC_LEAN_EIGHT's path (`pool_options`).
+# `prmt` were, and its scales and minimums as pairs of channels; "pallas:mosaic_wg4_lean_eight_vldsm"). s35, H100:
+# correct, < 1 % faster (`mosaic_int2_s35_vldsm_h100.md`); untimed on an H200. KIVI's pools take
+# MOSAIC_LEAN_EIGHT's path (`pool_options`).
 MOSAIC_LEAN_EIGHT_VLDSM = dataclasses.replace(
     MOSAIC_LEAN_EIGHT,
     mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_vldsm"].items()))
@@ -906,10 +907,9 @@ def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool 
   options = kivi_options(options) if kivi else dict(options)
   if bits != 2 and (kivi or not int4_permuted_keys):
     options["permuted_keys"] = False
-  if kivi:  # windows' values only (KIVI's go through shared memory)
-    options.pop("values_by_ldmatrix", None)
-  if kivi:
+  if kivi:  # KIVI's values go through shared memory
     options["folded_minimums"] = False
+    options.pop("values_by_ldmatrix", None)
   return options
 
 

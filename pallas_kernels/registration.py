@@ -37,9 +37,11 @@
     "pallas:mosaic_wg4_lean_int4_keys"  that, and INT4 pools' keys permuted as INT2's (no faster on an H100, s30)
     "pallas:mosaic_wg4_lean_eight"  lean_folded with the softmax on 8 columns, not 16 half masked: what "pallas"
                                      runs at large batches since s32 (all-INT2 5 % faster on H100 and H200)
-    "pallas:mosaic_wg4_lean_eight_vldsm"  that, INT2 and INT4 pools' value codes by `ldmatrix.trans` (untimed, s35)
+    "pallas:mosaic_wg4_lean_eight_vldsm"  that, INT2 and INT4 pools' value codes by `ldmatrix.trans` (< 1 % faster
+                                          on an H100, s35)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
+    "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)
     "pallas:combine_one_block"  the default, its merged combine (large batches) on one program a (request, KV
                                 head), the grid before s33 (no channel blocks)
 
