@@ -68,7 +68,7 @@ def test_configured_calls_plan_launches_on_a_layers_tokens(monkeypatch):
   from pallas_kernels import quantized_decode as qd
   launches = []
   real = qd._launch
-  monkeypatch.setattr(qd, "_launch", lambda *args, **kwargs: launches.append(args[10]) or real(*args, **kwargs))
+  monkeypatch.setattr(qd, "_launch", lambda *args, **kwargs: launches.append(1) or real(*args, **kwargs))
   cache = da.synthetic_cache(jax.random.PRNGKey(0), 8, 1024, "mix", layers=32)
   q = da.queries(jax.random.PRNGKey(1), 8, 1)[0]
   counts = []
