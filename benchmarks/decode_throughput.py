@@ -584,8 +584,8 @@ def try_batch(model, prefilled, b: Built, batch: int, attention: str, device: di
 
 
 def sweep_rows(model, prefilled, frames: int, args, budget, report) -> None:
-  configs = [("alpha", WindowQuantConfig(alpha=a)) for a in ALPHAS]
-  configs += [("window", WindowQuantConfig(window_size=w)) for w in WINDOW_SIZES if w != 32]
+  configs = [("alpha", WindowQuantConfig(alpha=a)) for a in args.alphas]
+  configs += [("window", WindowQuantConfig(window_size=w)) for w in args.window_sizes if w != 32]
   jobs = [Job({"sweep": kind, "alpha": c.alpha, "window_size": c.window_size},
               build(prefilled, "windowquant", args.steps, c), 1, args.attention[0]) for kind, c in configs]
 
@@ -628,6 +628,9 @@ def parse_args(argv=None):
   parser.add_argument("--repeats", type=int, default=2, help="timed calls a loop, after the warm-up")
   parser.add_argument("--capacity", action="store_true")
   parser.add_argument("--sweeps", action="store_true")
+  parser.add_argument("--alphas", nargs="+", type=float, default=list(ALPHAS), help="--sweeps' alphas")
+  parser.add_argument("--window-sizes", nargs="+", type=int, default=list(WINDOW_SIZES),
+                      help="--sweeps' window sizes (32, the default, is the alpha sweep's)")
   parser.add_argument("--xla-options", nargs="+", default=[], type=_named_options, metavar="NAME=JSON",
                       help="also time every loop compiled with these XLA options, in the same run, e.g. "
                            "'graphs={\"xla_gpu_graph_min_graph_size\": 1}'; rows say [NAME] after the attention")

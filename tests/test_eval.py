@@ -189,6 +189,10 @@ def _cfg(method, config=None, **kw):
 RUNS = (("fp16", None), ("windowquant", SMALL_WINDOWS))
 
 
+# The reference run's tests on one worker (`--dist loadgroup`): each worker would run it again.
+uses_reference = pytest.mark.xdist_group("eval_reference")
+
+
 @pytest.fixture(scope="module")
 def reference(model, data, tmp_path_factory):
   """An uninterrupted run of all six NExT-QA questions, fp16 and windowquant: (output path, rows)."""
@@ -199,6 +203,7 @@ def reference(model, data, tmp_path_factory):
   return out, runner.read_rows(out)
 
 
+@uses_reference
 def test_bad_videos_become_error_rows_and_the_run_goes_on(reference):
   _, rows = reference
   assert len(rows) == 12
@@ -214,6 +219,7 @@ def test_bad_videos_become_error_rows_and_the_run_goes_on(reference):
   assert by["fp16", "4010069381_0"]["bits"] == {"16": 2, "4": 0, "2": 0}
 
 
+@uses_reference
 def test_a_resumed_run_gives_the_rows_of_an_uninterrupted_one(model, data, reference, tmp_path):
   ref_out, ref_rows = reference
   out = tmp_path / "r.jsonl"
@@ -229,6 +235,7 @@ def test_a_resumed_run_gives_the_rows_of_an_uninterrupted_one(model, data, refer
     runner.run_task(model, qs, runner.RunConfig(task="nextqa", method="fp16", num_frames=8), out, progress=False)
 
 
+@uses_reference
 def test_retry_errors_replaces_the_error_row(model, data, reference, tmp_path):
   root = tmp_path / "nextqa"
   shutil.copytree(data / "nextqa", root)
@@ -291,6 +298,7 @@ def _lines(path: Path) -> int:
   return path.read_text().count("\n") if path.exists() else 0
 
 
+@uses_reference
 def test_an_interrupted_4_device_run_loses_nothing_and_a_rerun_completes_it(llava_converted, data, reference,
                                                                             tmp_path):
   out = tmp_path / "r.jsonl"
