@@ -30,12 +30,13 @@
 #   bash benchmarks/kernel_experiments.sh vldsm     # (s35; H100: < 1 %) V's codes by ldmatrix.trans: the INT2 and
 #                                                   # INT4 kernels at batch 32 and 60, issue 5's batch 60 x 32k,
 #                                                   # each beside the default; `vldsm_step`: the 32 x 100 step
+#   bash benchmarks/kernel_experiments.sh ncu       # (s36) the default INT2 kernel and vldsm under Nsight Compute
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
 # `bars` on an H100 in s32, when `default` was still the folded kernel and eight was named apart.
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
-tag=${TAG:-s35}  # results' names: mosaic_int2_<tag>_folded, ...
+tag=${TAG:-s36}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 case "${1:-}" in
   kernels)
@@ -135,6 +136,12 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_wg4_lean_eight_vldsm --methods windowquant fp16 --out "$out" \
       --budget-s 300 --tag ${tag}_vldsm ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step" >&2
+  ncu)  # (s36) where the INT2 kernel's time goes now: the default (eight) and vldsm under Nsight Compute (stall
+        # reasons, issue, clocks), batch 32 x 19,968, 4 splits, as s26's profile of its ancestor
+    for v in wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_vldsm; do
+      timeout 200 python benchmarks/kernel_ncu.py profile --plans mosaic_int2 --kernel kernel_mosaic --variant "$v" \
+        --batch 32 --tokens 19968 --splits 4 --out "$out/ncu_$v" --summary || echo "(stopped: ncu $v)"
+    done ;;
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu" >&2
      exit 2 ;;
 esac
