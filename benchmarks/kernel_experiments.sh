@@ -31,6 +31,7 @@
 #                                                   # INT4 kernels at batch 32 and 60, issue 5's batch 60 x 32k,
 #                                                   # each beside the default; `vldsm_step`: the 32 x 100 step
 #   bash benchmarks/kernel_experiments.sh ncu       # (s36) the default INT2 kernel and vldsm under Nsight Compute
+#   bash benchmarks/kernel_experiments.sh profile   # (s36) the 7B step at 32 x 100, kernel by kernel
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
 # `bars` on an H100 in s32, when `default` was still the folded kernel and eight was named apart.
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
@@ -142,6 +143,9 @@ case "${1:-}" in
       timeout 200 python benchmarks/kernel_ncu.py profile --plans mosaic_int2 --kernel kernel_mosaic --variant "$v" \
         --batch 32 --tokens 19968 --splits 4 --out "$out/ncu_$v" --summary || echo "(stopped: ncu $v)"
     done ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu" >&2
+  profile)  # (s36) where the 7B step's GPU time goes at 32 x 100 today (s28's profile is the last), kernel by kernel
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_profile --settings 32x100 \
+      --methods windowquant fp16 --top 40 --out "$out" --tag "$tag" || echo "(stopped: profile)" ;;
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile" >&2
      exit 2 ;;
 esac
