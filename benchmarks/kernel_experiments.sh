@@ -32,8 +32,8 @@
 #                                                   # each beside the default; `vldsm_step`: the 32 x 100 step
 #   bash benchmarks/kernel_experiments.sh ncu       # (s36) the default INT2 kernel and vldsm under Nsight Compute
 #   bash benchmarks/kernel_experiments.sh profile   # (s36) the 7B step at 32 x 100, kernel by kernel
-#   bash benchmarks/kernel_experiments.sh stages    # (s36) INT2 pools through 3-5 pipeline stages: the kernels,
-#                                                   # then issue 5's batch 60 x 32k; `stages_step`: the 32 x 100 step
+#   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
+#    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
 # `bars` on an H100 in s32, when `default` was still the folded kernel and eight was named apart.
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
@@ -145,23 +145,9 @@ case "${1:-}" in
       timeout 200 python benchmarks/kernel_ncu.py profile --plans mosaic_int2 --kernel kernel_mosaic --variant "$v" \
         --batch 32 --tokens 19968 --splits 4 --out "$out/ncu_$v" --summary || echo "(stopped: ncu $v)"
     done ;;
-  stages)  # (s36) INT2 windows' pools through 3-5 pipeline stages (V^T in registers no longer holds a V buffer:
-           # `mosaic_sass_s36_stages.md`), each checked against float64 first; then issue 5's batch 60 x 32k; ~6 min
-    timeout 170 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
-      --variants wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_s3 \
-      wg4_large_batch_ftz_lean_folded_eight_s4 wg4_large_batch_ftz_lean_folded_eight_s5 \
-      --tag mosaic_int2_${tag}_stages || echo "(stopped: stages, INT2 kernels)"
-    timeout 170 python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
-      --variants default,mosaic_wg4_lean_eight_s4 --inner 1 --back-to-back 32 --gpu-time --out "$out" \
-      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --tag ${tag}_b60_stages \
-      || echo "(stopped: stages, batch 60)" ;;
-  stages_step)  # (s36) the 7B step at 32 x 100 with 4 stages, beside the default
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_wg4_lean_eight_s4 --methods windowquant fp16 --out "$out" \
-      --budget-s 300 --tag ${tag}_stages ;;
   profile)  # (s36) where the 7B step's GPU time goes at 32 x 100 today (s28's profile is the last), kernel by kernel
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_profile --settings 32x100 \
       --methods windowquant fp16 --top 40 --out "$out" --tag "$tag" || echo "(stopped: profile)" ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|stages|stages_step" >&2
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile" >&2
      exit 2 ;;
 esac

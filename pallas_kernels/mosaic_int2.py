@@ -1508,7 +1508,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
   per_group = (groups,) if groups > 1 else ()  # leading dimension of a warpgroup's own buffers
   # V [64, 128] f16 a slot, where the values go through shared memory; V^T in registers leaves it unread, so a
-  # stand-in of 1 KB (64 KB fewer a CTA of four warpgroups: room for more pipeline stages)
+  # stand-in of 1 KB: a CTA of four warpgroups 123 KB, not 184 (s36; the kernel's time the same on an H100)
   values_shape = (8, 64) if transposed_values else (STEP, HEAD_DIM)
   scratch = [smem((*per_group, HEAD_DIM, COLUMNS), jnp.float16, 32),
              smem((*per_group, slots, *values_shape), jnp.float16, None if transposed_values else 32),
@@ -1728,12 +1728,6 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "wg4_large_batch_ftz_lean_folded_eight_vldsm": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
                                                         fetch_by_one_warp=True, folded_minimums=True,
                                                         eight_column_softmax=True, values_by_ldmatrix=True),
-    # that, with 3, 4 or 5 pipeline stages (s36): V^T in registers no longer holds a V buffer a warpgroup, which
-    # leaves room for them; the kernel runs the same time on an H100 and an H200 (s28/s30) and fewer instructions
-    # bought < 1 % (s35), so it may wait on loads in flight rather than on issue
-    **{f"wg4_large_batch_ftz_lean_folded_eight_s{n}": dict(
-        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
-        eight_column_softmax=True, stages=n) for n in (3, 4, 5)},
     # INT4 pools as the large-batch configurations take them (`quantized_decode.pool_options`: no permuted keys),
     # and that with V's codes by `ldmatrix.trans` (s35)
     "wg4_large_batch_ftz_int4_eight": dict(_LARGE_BATCH, values_in_registers=True, fetch_by_one_warp=True,

@@ -321,14 +321,6 @@ MOSAIC_LEAN_EIGHT = dataclasses.replace(
 MOSAIC_LEAN_EIGHT_VLDSM = dataclasses.replace(
     MOSAIC_LEAN_EIGHT,
     mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_vldsm"].items()))
-# That with 4 pipeline stages where 2 were, for INT2 windows' pools ("pallas:mosaic_wg4_lean_eight_s4"; s36,
-# untimed): with V^T in registers the kernel no longer holds a V buffer a warpgroup (64 KB a CTA), so 2 more
-# stages fit (~166 KB a CTA); the INT2 kernel ran the same time on an H100 and an H200 (s28, s30) and 6-9 % fewer
-# instructions bought < 1 % (s35), so it may wait on loads in flight more than on issue. 465 SASS in the main loop
-# offline against 459 (`mosaic_sass_s36_stages.md`). INT4 and KIVI pools keep 2 (`pool_options`: their stages
-# are larger, and KIVI's values still go through shared memory).
-MOSAIC_LEAN_EIGHT_S4 = dataclasses.replace(
-    MOSAIC_LEAN_EIGHT, mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_s4"].items()))
 # What the default runs for large launches (`for_launch`): MOSAIC_LEAN_EIGHT since session 32, MOSAIC_LEAN_FOLDED
 # in sessions 30-31 (above), before it
 # MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
@@ -911,16 +903,13 @@ def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool 
   an INT4 pool keeps `permuted_keys` only with `int4_permuted_keys` (and not KIVI's); `folded_minimums` is the
   register paths' for windows' values and keys, and KIVI's pools go without it (their values are not in
   registers, and folding the keys alone made ptxas spill: 593 SASS in the main loop either way, offline, s30),
-  as without `values_by_ldmatrix`; `stages` is INT2 windows' pools' only (an INT4 or KIVI CTA's stages are
-  larger: four of them would not fit 227 KB)."""
+  as without `values_by_ldmatrix`."""
   options = kivi_options(options) if kivi else dict(options)
   if bits != 2 and (kivi or not int4_permuted_keys):
     options["permuted_keys"] = False
   if kivi:  # KIVI's values go through shared memory
     options["folded_minimums"] = False
     options.pop("values_by_ldmatrix", None)
-  if kivi or bits != 2:  # deeper pipelines are sized for INT2 windows' stages (their V^T in registers)
-    options.pop("stages", None)
   return options
 
 

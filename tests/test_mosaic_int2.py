@@ -195,8 +195,7 @@ def test_splits_and_window_parities_merge(interpret):
                                          "wg4_large_batch_ftz_vregs_permuted_keys",
                                          "wg4_large_batch_ftz_lean_folded",
                                          "wg4_large_batch_ftz_lean_folded_eight",  # s31
-                                         "wg4_large_batch_ftz_lean_folded_eight_vldsm",  # s35
-                                         "wg4_large_batch_ftz_lean_folded_eight_s5")),  # s36
+                                         "wg4_large_batch_ftz_lean_folded_eight_vldsm")),  # s35
                                      mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_vldsm"],
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_vldsm"], ranged=True,
                                           bits=4, permuted_keys=False),  # as INT4's pools take it (s35)

@@ -194,9 +194,6 @@ def test_pool_options_keep_permuted_keys_to_int2():
   by_ldmatrix = dict(qd.MOSAIC_LEAN_EIGHT_VLDSM.mosaic_options)  # V's codes by ldmatrix: windows' pools (s35)
   assert all(qd.pool_options(by_ldmatrix, bits, kivi=False)["values_by_ldmatrix"] for bits in (2, 4))
   assert not any(qd.pool_options(by_ldmatrix, bits, kivi=True).get("values_by_ldmatrix") for bits in (2, 4))
-  deeper = dict(qd.MOSAIC_LEAN_EIGHT_S4.mosaic_options)  # 4 stages: INT2 windows' pools only (s36)
-  assert qd.pool_options(deeper, 2, kivi=False)["stages"] == 4
-  assert not any("stages" in qd.pool_options(deeper, bits, kivi=kivi) for bits, kivi in ((4, False), (2, True)))
 
 
 def test_registered_as_pallas_on_a_bf16_cache():
