@@ -608,6 +608,182 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
+def _value_codes_transposed(codes_ref, bits=2):
+  """`token_scaled_p` (KIVI's values): a step's value codes as the V wgmma's register operand, exact (no scale or
+  minimum), as two V^T tiles f16 [64, 64] (WGMMA layout): tile m's row r is channel `value_row_channels()[64 m +
+  r]`, column t token t. The codes come as in `_values_transposed` (a byte a token, two tokens under one `prmt`),
+  then per part the magic exponents' LOP3 and one subtraction: c itself, so that the V wgmma's products carry no
+  magic number against a probability scaled by the token's scale (`_token_scaled_p`)."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax._src.lib.mlir.dialects import arith, llvm
+
+  wgmma = plgpu.Layout.WGMMA
+  tile = (STEP, STEP)
+  row_bytes = HEAD_DIM * bits // 8
+
+  @plgpu.inline_mgpu(arg_types=(_swizzled_codes(row_bytes),),
+                     return_type=tuple(plgpu.ShapeDtypeStruct(tile, jnp.float16, layout=wgmma) for _ in range(2)))
+  def unpack(ctx, codes):
+    del ctx
+    i32, half2, c = _register_types()
+    column, first_token = _thread_position(i32)
+    base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
+    constants = [part_constants(p, True, bits) for p in range(8 // bits)]
+    magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
+
+    def code_byte(token_offset, byte_offset):  # as `_values_transposed`'s: swizzled offset, one byte
+      byte = arith.addi(column, c(byte_offset)) if byte_offset else column
+      offset = arith.addi(arith.muli(arith.addi(first_token, c(token_offset)), c(row_bytes)), byte)
+      offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(row_bytes - 16)))
+      return llvm.inline_asm(i32, [arith.addi(base, offset)], "ld.shared.u8 $0, [$1];", "=r,r",
+                             has_side_effects=True)  # not moved above the TMA's barrier wait
+    spread, tiles = {}, []
+    for m in range(2):
+      registers = np.empty(mgpu.WGMMA_LAYOUT.registers_shape(tile), dtype=object)
+      for idx, row, token in _register_offsets(tile):
+        byte_offset, part = value_row_byte(2 * m + row // 8, bits)
+        if (token, byte_offset) not in spread:
+          spread[token, byte_offset] = llvm.inline_asm(
+              i32, [code_byte(token, byte_offset), code_byte(token + 1, byte_offset)],
+              "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r")
+        registers[idx] = _part_of(spread[token, byte_offset], constants[part], magic[part], i32, half2)
+      tiles.append(mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None))
+    return tuple(tiles)
+
+  return unpack(codes_ref)
+
+
+def _token_metadata_words(ref, row_offset, i32, c):
+  """`token_scaled_p`: the 4 f16 (one a group of 32 channels) of this thread's row `row_offset` of a step's
+  [32, 8] token-pair buffer (token t at element 4t + g), as two i32 words: one 8-byte load."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm
+
+  base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref))
+  token = arith.addi(_first_row(mgpu.utils.thread_idx(), c), c(row_offset))
+  pair = ir.Type.parse("!llvm.struct<(i32, i32)>")
+  loaded = llvm.inline_asm(pair, [arith.addi(base, arith.muli(token, c(8)))], "ld.shared.v2.b32 {$0, $1}, [$2];",
+                           "=r,=r,r", has_side_effects=True)  # not moved above the TMA's barrier wait
+  return [llvm.extractvalue(i32, loaded, [k]) for k in range(2)]
+
+
+def _token_scaled_p(p, scale_ref):
+  """`token_scaled_p`: P [64, 8] f32 (WGMMA layout) -> the V wgmmas' B operands, f16 [64, 16] a V^T tile m:
+  column h of tile m's is s[t, 2m] P[t, h], column 8 + h s[t, 2m + 1] P[t, h], s the token's scale of a group
+  of 32 channels (tile m's rows are groups 2m and 2m + 1: `value_row_channels`). A thread's two rows' scales by
+  one 8-byte load each; a register pair one f16x2 multiply by a scale in both halves."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm, vector
+
+  wgmma = plgpu.Layout.WGMMA
+  wide = (STEP, COLUMNS)
+
+  @plgpu.inline_mgpu(arg_types=(wgmma, plgpu.RefType()),
+                     return_type=tuple(plgpu.ShapeDtypeStruct(wide, jnp.float16, layout=wgmma) for _ in range(2)))
+  def scaled(ctx, p, scales):
+    del ctx
+    i32, half2, c = _register_types()
+    rows = {row: p.registers[idx] for idx, row, _ in _register_offsets((STEP, COLUMNS // 2))}
+    halves, words = {}, {}
+    for row, reg in rows.items():
+      x, y = (vector.extract(reg, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([k]))
+              for k in range(2))
+      halves[row] = llvm.inline_asm(half2, [y, x], "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f")  # x low, y high
+      words[row] = _token_metadata_words(scales, row, i32, c)
+    tiles = []
+    for m in range(2):
+      registers = np.empty(mgpu.WGMMA_LAYOUT.registers_shape(wide), dtype=object)
+      for idx, row, col in _register_offsets(wide):  # group 2m + col // 8: the low or high half of word m
+        scale = llvm.inline_asm(half2, [words[row][m]], f"prmt.b32 $0, $1, $1, {'0x3232' if col else '0x1010'};",
+                                "=r,r")
+        registers[idx] = arith.mulf(halves[row], scale)
+      tiles.append(mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None))
+    return tuple(tiles)
+
+  return scaled(p, scale_ref)
+
+
+def _token_minimum_terms(p, minimum_ref, e):
+  """`token_scaled_p`: e [64, 16] f32 (WGMMA layout) plus this step's sum over a thread's two rows of m[t, g]
+  P[t, h], m the token's minimum of group g: the values' minimums' share of O^T, kept a thread apart as l is and
+  reduced once at the end. Group g's pair of columns sits in e's register of row 8 (g // 2) and column
+  8 (g % 2) (`token_scaled_output`)."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, vector
+  from jax._src.lib.mlir.dialects import math as mlir_math
+
+  wgmma = plgpu.Layout.WGMMA
+
+  @plgpu.inline_mgpu(arg_types=(wgmma, plgpu.RefType(), wgmma),
+                     return_type=plgpu.ShapeDtypeStruct((STEP, COLUMNS), jnp.float32, layout=wgmma))
+  def terms(ctx, p, minimums, e):
+    del ctx
+    i32, half2, c = _register_types()
+    f32 = ir.F32Type.get()
+    pair = ir.VectorType.get((2,), f32)
+    rows = {row: p.registers[idx] for idx, row, _ in _register_offsets((STEP, COLUMNS // 2))}
+    minimum = {}
+    for row in rows:
+      words = _token_metadata_words(minimums, row, i32, c)
+      for g in range(4):
+        half = vector.extract(mgpu.utils.bitcast(words[g // 2], half2), dynamic_position=[],
+                              static_position=ir.DenseI64ArrayAttr.get([g % 2]))
+        minimum[row, g] = vector.broadcast(pair, arith.extf(f32, half))
+    registers = np.empty_like(e.registers)
+    for idx, row, col in _register_offsets((STEP, COLUMNS)):
+      group, reg = 2 * (row // 8) + col // 8, e.registers[idx]
+      for source, p_row in rows.items():
+        reg = mlir_math.fma(minimum[source, group], p_row, reg)
+      registers[idx] = reg
+    return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+
+  return terms(p, minimum_ref, e)
+
+
+def _store_token_scaled(tiles, minimum_terms, o_ref):
+  """`token_scaled_p`: O^T's two tiles f32 [64, 16] (WGMMA layout; tile m's row r channel `value_row_channels()
+  [64 m + r]`, of group g = 2m + h, h = (r % 16) // 8, whose heads are columns 8h ... 8h + 7) plus the minimums'
+  shares (`minimum_terms[m]`: [64, 16], every row the column sums of `_token_minimum_terms` of groups 2m, 2m + 1)
+  -> o_ref (a plain [128, 16] f32 buffer in shared memory) in channel order, heads in columns 0-7, 8-15 zero."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm, vector
+
+  wgmma = plgpu.Layout.WGMMA
+
+  @plgpu.inline_mgpu(arg_types=(wgmma, wgmma, wgmma, wgmma, plgpu.RefType()))
+  def store(ctx, tile0, tile1, terms0, terms1, o_ref):
+    del ctx
+    i32, _, c = _register_types()
+    f32 = ir.F32Type.get()
+    column, first_column = _thread_position(i32)
+    base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(o_ref))
+    zero = arith.constant(f32, 0.0)
+    for m, (tile, terms) in enumerate(((tile0, terms0), (tile1, terms1))):
+      for idx, row, col in _register_offsets((STEP, COLUMNS)):
+        h, reg, term = row // 8, tile.registers[idx], terms.registers[idx]
+        channel = arith.addi(column, c(32 * (2 * m + h)))
+        if col == 8 * h:  # this row's heads
+          x, y = (vector.extract(arith.addf(reg, term), dynamic_position=[],
+                                 static_position=ir.DenseI64ArrayAttr.get([k])) for k in range(2))
+          target = first_column
+        else:  # the other group's columns: the output's empty 8-15
+          x = y = zero
+          target = arith.addi(first_column, c(COLUMNS // 2))
+        element = arith.addi(arith.muli(channel, c(COLUMNS)), target)
+        llvm.inline_asm(ir.Type.parse("!llvm.void"), [arith.addi(base, arith.muli(element, c(4))), x, y],
+                        "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f", has_side_effects=True)
+
+  store(*tiles, *minimum_terms, o_ref)
+
+
 def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
   """`values_by_ldmatrix`: `_values_transposed` (folded minimums) with a thread's rows (`ldmatrix_value_channel`)
   two parts of two adjacent code bytes. Two `ldmatrix.x4.trans` a thread and step bring them: each of the 8
@@ -911,7 +1087,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 metadata_in_thread_order: bool = False, values_in_registers: bool = False,
                 fetch_by_one_warp: bool = False, permuted_keys: bool = False, values_per_token: bool = False,
                 folded_minimums: bool = False, eight_column_softmax: bool = False, values_by_ldmatrix: bool = False,
-                max_windows: int | None = None, range_params=None):
+                token_scaled_p: bool = False, max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1002,6 +1178,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   two bytes 32 apart, so that two `ldmatrix.trans` a step bring its codes where 16 (INT2) or 32 (INT4) byte loads
   and their `prmt` did, and a window's scales and minimums of a part come as a pair of channels
   (`_values_by_ldmatrix`; 8 loads and 4 folds a step where 16 and 8; correct and < 1 % faster on an H100, s35).
+  `token_scaled_p` (KIVI's values, with `values_per_token` and `eight_column_softmax`): V = s c + m with s and m a
+  token's and group's (32 channels), so O^T = C^T (s P) + sum_t m P. The V wgmma takes the exact codes from
+  registers (`_value_codes_transposed`: no scale, minimum or their loads a code) as two tiles of 64 channels, each
+  against its own B: column h of tile m's is s[t, 2m] P[t, h], column 8 + h s[t, 2m + 1] P[t, h] (a tile's rows
+  are two groups, and P's columns 8-15 were empty), into two accumulators whose rows keep the columns of their
+  group (`_token_scaled_p`); the minimums' share is summed beside l (`_token_minimum_terms`) and added as O^T is
+  stored (`_store_token_scaled`). Where the values went through shared memory, per token, the data pipe and the
+  per-code loads bounded KIVI's kernel (~20 % behind INT2's, s28); untimed (s37).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -1039,6 +1223,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if values_by_ldmatrix and not (values_in_registers and folded_minimums and not metadata_in_thread_order):
     raise ValueError("values_by_ldmatrix: with values_in_registers and folded_minimums, the metadata in channel "
                      "order")
+  if token_scaled_p and not (values_per_token and eight_column_softmax and in_place_values
+                             and not (defer_values_wgmma or values_scaled_after or bias_in_kernel)):
+    raise ValueError("token_scaled_p: KIVI's values (values_per_token) with eight_column_softmax and "
+                     "in_place_values, not with defer_values_wgmma, values_scaled_after or bias_in_kernel")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1082,6 +1270,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
   magic = fast and magic_exponents
   transposed_values = fast and values_in_registers  # V^T in registers (the interpret mode: through v_s)
+  scaled_codes = fast and token_scaled_p  # KIVI's value codes in registers, exact (the interpret mode: v_s)
+  register_values = transposed_values or scaled_codes
   keys_by_thread = fast and permuted_keys  # the keys' channels permuted, q^T's rows alike
   defer = defer_values_wgmma and interpret is None
   slots = 2 if defer else 1
@@ -1182,11 +1372,37 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       zeros = plgpu.layout_cast(jnp.zeros((STEP, COLUMNS - soft), jnp.float32), layout.WGMMA)
       return jnp.concatenate([p, zeros], axis=1).astype(jnp.float16)
 
-    def wide_alpha(alpha):  # alpha [soft] -> broadcast over O^T [128, 16] (columns 8-15 are zero: times 1)
-      if soft == COLUMNS:
-        return lax.broadcast_in_dim(alpha, (HEAD_DIM, COLUMNS), [1])
-      ones = plgpu.layout_cast(jnp.ones((HEAD_DIM, COLUMNS - soft), jnp.float32), layout.WGMMA)
-      return jnp.concatenate([lax.broadcast_in_dim(alpha, (HEAD_DIM, soft), [1]), ones], axis=1)
+    def wide_alpha(alpha, rows=HEAD_DIM):  # alpha [soft] -> over O^T [rows, 16]: columns 8-15 zero (times 1), or
+      if soft == COLUMNS:                  # with `token_scaled_p` the other group's heads (alpha again)
+        return lax.broadcast_in_dim(alpha, (rows, COLUMNS), [1])
+      if token_scaled_p:
+        return lax.broadcast_in_dim(jnp.concatenate([alpha, alpha]), (rows, COLUMNS), [1])
+      ones = plgpu.layout_cast(jnp.ones((rows, COLUMNS - soft), jnp.float32), layout.WGMMA)
+      return jnp.concatenate([lax.broadcast_in_dim(alpha, (rows, soft), [1]), ones], axis=1)
+
+    def token_rows(ref):  # `token_scaled_p`, interpret mode: a step's [32, 8] token pairs -> [64 tokens, 4 groups]
+      return ref[...].reshape(STEP, HEAD_DIM // 32).astype(jnp.float32)
+
+    def store_p(p_s, p, vs_s):  # P [64, soft] into the V wgmma's B (with `token_scaled_p`: a tile's, times s)
+      if not token_scaled_p:
+        p_s[...] = wide_p(p)
+        return
+      if interpret is None:
+        tiles = _token_scaled_p(p, vs_s)
+      else:
+        scale = token_rows(vs_s)
+        tiles = [jnp.concatenate([p * scale[:, 2 * m:2 * m + 1], p * scale[:, 2 * m + 1:2 * m + 2]], axis=1)
+                 .astype(jnp.float16) for m in range(2)]
+      for m in range(2):
+        p_s[m] = tiles[m]
+
+    def rescaled_terms(e, alpha):  # `token_scaled_p`: the minimums' share times alpha (where a vote moved the max)
+      return e * alpha[None, :] if interpret is not None else e * wide_alpha(alpha, STEP)
+
+    def minimum_terms(e, p, vm_s):  # `token_scaled_p`: plus this step's share
+      if interpret is not None:  # [4 groups, 8 heads]
+        return e + jnp.sum(token_rows(vm_s)[:, :, None] * p[:, None, :], axis=0)
+      return _token_minimum_terms(p, vm_s, e)
 
     def wide_columns(x, fill):  # m or l [soft] -> [16]: columns 8-15 empty
       if soft == COLUMNS:
@@ -1258,11 +1474,20 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return [plain_dequantized(codes, ks_s, km_s, part) for part in range(parts)]
 
     def transposed_values_of(vc_s, vs_s, vm_s):  # V^T in registers, rows as `value_row_channels` orders them
+      if scaled_codes:
+        return _value_codes_transposed(vc_s, bits)
       if values_by_ldmatrix:
         return _values_by_ldmatrix(vc_s, vs_s, vm_s, bits)
       return _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits, folded_minimums)
 
     def dequantize_values(vc_s, vs_s, vm_s, v_s):  # into v_s [64 tokens, 128 channels] f16
+      if token_scaled_p:  # the interpret mode's exact codes
+        codes = plgpu.load(vc_s, layout=layout.WGMMA_UPCAST_2X)
+        for part in range(parts):
+          v_s[:, pl.ds(width * part, width)] = plgpu.layout_cast(
+              (codes & jnp.uint8((levels - 1) << bits * part)).astype(jnp.float16), layout.WGMMA) * jnp.float16(
+                  levels ** -part)
+        return
       if values_scaled_after:  # the codes alone: scaled after the V wgmma
         for part, value in enumerate(unpacked_keys(vc_s)):
           v_s[:, pl.ds(width * part, width)] = value
@@ -1296,9 +1521,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return carry
 
     def step(index, i, kc_s, ks_s, kb_s, vc_s, vs_s, vm_s, carry):  # index: traced; i: within the block
-      acc, m_run, l_rows = carry  # acc: None where O^T accumulates in place (`defer`, `in_place_values`)
+      acc, m_run, l_rows, e = carry  # acc: None where O^T accumulates in place (`defer`, `in_place_values`)
       slot = (i % slots if spb % slots == 0 else lax.rem(index, slots)) if defer else 0
-      v_s, p_s = v_slots.at[slot], p_slots.at[slot]
+      v_s = v_slots.at[slot]
+      p_s = p_slots if token_scaled_p else p_slots.at[slot]  # `token_scaled_p`: a B a V^T tile
       if in_place and not defer:  # the previous step's V wgmma has read v_s and p_s before they are rewritten
         plgpu.wgmma_wait(0)
       if not dequantize_keys:  # q^T times the step's key scales
@@ -1309,8 +1535,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         plgpu.commit_smem()
 
       def scores(s_acc, k_s=None):
-        values_t = None  # `values_in_registers`: V^T [128, 64]
-        if not overlap_values and not transposed_values:
+        values_t = None  # `values_in_registers`: V^T [128, 64] (`token_scaled_p`: its codes, two tiles)
+        if not overlap_values and not register_values:
           dequantize_values(vc_s, vs_s, vm_s, v_s)
         if k_s is not None:  # `keys_in_smem`
           for part in range(parts):  # stored a part at a time: a part's registers live
@@ -1321,7 +1547,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           keys = dequantized_keys(kc_s, ks_s, kb_s) if dequantize_keys else unpacked_keys(kc_s)
           for part in range(parts):
             plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(width * part, width)])
-        if overlap_values and transposed_values:
+        if overlap_values and register_values:
           values_t = transposed_values_of(vc_s, vs_s, vm_s)
         elif overlap_values:
           dequantize_values(vc_s, vs_s, vm_s, v_s)  # while the tensor cores work on the scores
@@ -1334,9 +1560,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                                     smem((STEP, HEAD_DIM), jnp.float16, 32))
       else:
         s, values_t = pl.run_scoped(scores, accumulator)
-      if transposed_values and values_t is None:  # after the score wgmma: the keys' registers are free
+      if register_values and values_t is None:  # after the score wgmma: the keys' registers are free
         values_t = transposed_values_of(vc_s, vs_s, vm_s)
-      v_operand = values_t if transposed_values else v_s.transpose((1, 0))
+      if register_values:
+        v_operand = values_t
+      elif token_scaled_p:  # the interpret mode's two tiles of 64 channels
+        v_operand = [v_s.at[:, pl.ds(STEP * m, STEP)].transpose((1, 0)) for m in range(2)]
+      else:
+        v_operand = v_s.transpose((1, 0))
       if dequantize_keys:  # kb_s holds the minimums, already in the keys; a range masks past its count
         past = first_window + 2 * index  # the step's first window, from the range's start
         if eight_column_softmax:  # both windows' rows in columns 0-7: nothing to mask but a range's end
@@ -1349,28 +1580,35 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 for w in range(2)]  # columns 0-7 from the first window's row, 8-15 from the second's
         s = jnp.where(own_window, s + jnp.where(first_half, bias[0], bias[1]), _NEG)
       if lagged_max:  # P against the agreed maximum, stored with the warps' votes before P's barrier
-        m_new, p, alpha = lagged_softmax(s, m_run, p_s, vote_slots.at[lax.rem(index, 2)])
+        m_new, p, alpha, e = lagged_softmax(s, m_run, p_s, vote_slots.at[lax.rem(index, 2)], vs_s, e)
       else:
         m_new = jnp.maximum(m_run, column_max(s))
         p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
         alpha = jnp.exp2(m_run - m_new)
       # Row sums are kept a thread's rows apart and reduced once at the end: no exchange between warps.
       l_rows = l_rows * lax.broadcast_in_dim(alpha, s.shape, [1]) + p
+      if token_scaled_p:  # rescaled in the vote's branch (alpha is 1 elsewhere)
+        e = minimum_terms(e, p, vm_s)
       if in_place and not rescale_on_vote:
-        o_acc[...] = o_acc[...] * wide_alpha(alpha)
+        rescale_accumulator(alpha)
       elif not in_place:
         acc = acc * wide_alpha(alpha)
       if not lagged_max:
         p_s[...] = p.astype(jnp.float16)
         plgpu.commit_smem()
       if in_place:  # waited for in the next step (or after the loop)
-        plgpu.wgmma(o_acc, v_operand, p_s)
-        return acc, m_new, l_rows
+        values_wgmma(o_acc, v_operand, p_s)
+        return acc, m_new, l_rows, e
 
       def attend(o_acc):  # a fresh accumulator, added to the rescaled one (interpret mode cannot store to one)
         plgpu.wgmma(o_acc, v_operand, p_s)
         plgpu.wgmma_wait(0)
         return o_acc[...]
+
+      def attend_tiles(tile0, tile1):  # `token_scaled_p`: a tile of 64 channels against its own B
+        values_wgmma((tile0, tile1), v_operand, p_s)
+        plgpu.wgmma_wait(0)
+        return jnp.concatenate([tile0[...], tile1[...]], axis=0)
 
       def attend_codes(o_acc, sum_acc):  # `values_scaled_after`: (C^T P, every row the column sums of P)
         plgpu.wgmma(o_acc, v_s.transpose((1, 0)), p_s)
@@ -1381,17 +1619,30 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         product, sums = pl.run_scoped(attend_codes, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32),
                                       plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
         acc = acc + product * per_column(vs_s, code_factor) + sums * per_column(vm_s)
+      elif token_scaled_p:
+        acc = acc + pl.run_scoped(attend_tiles, *(plgpu.ACC((STEP, COLUMNS), jnp.float32) for _ in range(2)))
       else:
         acc = acc + pl.run_scoped(attend, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
-      return acc, m_new, l_rows
+      return acc, m_new, l_rows, e
 
-    def lagged_softmax(s, m_run, p_s, votes):
+    def values_wgmma(accumulator, v_operand, p_s):  # O^T += V^T P (`token_scaled_p`: a tile against its own B)
+      if token_scaled_p:
+        for m in range(2):
+          plgpu.wgmma(accumulator[m], v_operand[m], p_s.at[m])
+      else:
+        plgpu.wgmma(accumulator, v_operand, p_s)
+
+    def rescale_accumulator(alpha):  # O^T in place, times alpha
+      for tile in (o_acc if token_scaled_p else (o_acc,)):
+        tile[...] = tile[...] * wide_alpha(alpha, tile.shape[0])
+
+    def lagged_softmax(s, m_run, p_s, votes, vs_s, e):
       """(maximum, P, the factor alpha on what came before) of a step's scores s: P = 2^(s - m_run) and alpha 1
       where no score exceeds m_run by more than LAG_MARGIN, else (a uniform branch) the true running maximum, P
       against it and 2^(m_run - maximum). P is in p_s, fenced."""
       limit = lax.broadcast_in_dim(m_run + LAG_MARGIN, s.shape, [1])
       p = jnp.exp2(s - lax.broadcast_in_dim(m_run, s.shape, [1]))
-      p_s[...] = wide_p(p)
+      store_p(p_s, p, vs_s)
       if interpret is None:  # each warp's vote in shared memory; P's barrier publishes both
         _vote_by_warp(s, limit, votes)
         plgpu.commit_smem()
@@ -1404,21 +1655,25 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         m_new = jnp.maximum(m_run, column_max(s))
         alpha = jnp.exp2(m_run - m_new)
         if rescale_on_vote:  # the accumulator's last wgmma was waited for at the step's start
-          o_acc[...] = o_acc[...] * wide_alpha(alpha)
+          rescale_accumulator(alpha)
         p_new = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
-        p_s[...] = wide_p(p_new)
+        store_p(p_s, p_new, vs_s)
         plgpu.commit_smem()
-        return m_new, p_new, alpha
+        return m_new, p_new, alpha, rescaled_terms(e, alpha) if token_scaled_p else e
       # No vote: alpha is 1, not 2^(m_run - m_run) (s25 SASS: 20 instructions a step went to that)
       unchanged = plgpu.layout_cast(jnp.ones((soft,), jnp.float32), layout.WGMMA.reduce(0))
-      return lax.cond(over, reduce_and_redo, lambda: (m_run, p, unchanged))
+      return lax.cond(over, reduce_and_redo, lambda: (m_run, p, unchanged, e))
 
     def run_loop(accumulator=None):  # accumulator: O^T's wgmma accumulator where it accumulates in place
       nonlocal o_acc
       o_acc = accumulator
+      e = None  # `token_scaled_p`: the minimums' share ([4 groups, 8 heads] in the interpret mode)
+      if token_scaled_p:
+        e = (jnp.zeros((4, soft), jnp.float32) if interpret is not None
+             else plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
       init = (None if in_place else plgpu.layout_cast(jnp.zeros((HEAD_DIM, COLUMNS), jnp.float32), layout.WGMMA),
               plgpu.layout_cast(jnp.full((soft,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
-              plgpu.layout_cast(jnp.zeros((STEP, soft), jnp.float32), layout.WGMMA))
+              plgpu.layout_cast(jnp.zeros((STEP, soft), jnp.float32), layout.WGMMA), e)
       if ranged:  # element offsets: the range may start at an odd window; a dynamic trip count
         codes = lambda: plgpu.BlockSpec((pl.Element(STEP * spb), packed),
                                         lambda s: (WINDOW * start + STEP * spb * (begin + s), 0),
@@ -1442,15 +1697,15 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       if bias_in_kernel:  # computed before the loop, into bias_s
         del specs[2], inputs[2]
       if groups > 1:
-        acc, m_run, l_rows = group_pipeline(init)
+        acc, m_run, l_rows, e = group_pipeline(init)
       else:
         pipeline = plgpu.emit_pipeline(block, grid=(my_blocks,), max_concurrent_steps=stages, init_carry=init,
                                        in_specs=specs)
-        acc, m_run, l_rows = pipeline(*(x.at[pair] for x in inputs))
+        acc, m_run, l_rows, e = pipeline(*(x.at[pair] for x in inputs))
       if in_place:
         plgpu.wgmma_wait(0)
-        acc = o_acc[...]
-      return acc, m_run, l_rows
+        acc = tuple(tile[...] for tile in o_acc) if token_scaled_p else o_acc[...]
+      return acc, m_run, l_rows, e
 
     def group_pipeline(init):  # `emit_pipeline` by hand: its allocations would be the CTA's, not the group's
       buffers = [b.at[wg] for b in group_scratch[3:9]]
@@ -1484,13 +1739,30 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return lax.fori_loop(0, my_blocks, body, init)
 
     o_acc = None
-    if in_place:
-      acc, m_run, l_rows = pl.run_scoped(run_loop, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
+    if in_place and token_scaled_p:  # two tiles of 64 channels
+      acc, m_run, l_rows, e = pl.run_scoped(lambda *tiles: run_loop(tiles),
+                                            *(plgpu.ACC((STEP, COLUMNS), jnp.float32) for _ in range(2)))
+    elif in_place:
+      acc, m_run, l_rows, e = pl.run_scoped(run_loop, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
     else:
-      acc, m_run, l_rows = run_loop()
+      acc, m_run, l_rows, e = run_loop()
+
+    def token_scaled_output(o_s):  # `token_scaled_p`: a row's group's columns, plus the minimums' share
+      if interpret is None:  # e's rows 0-7 of a 16 hold groups 0, 1 (columns 0-7, 8-15), rows 8-15 groups 2, 3
+        upper = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 0, layout=layout.WGMMA) % 16 >= 8
+        terms = [lax.broadcast_in_dim(column_sum(jnp.where(upper == bool(m), e, 0.0)), (STEP, COLUMNS), [1])
+                 for m in range(2)]
+        _store_token_scaled(acc, terms, o_s)
+        return
+      # The interpret mode's rows are channels in order: row c's group c // 32, its heads in columns 8 (c // 32 % 2)
+      group = lax.broadcasted_iota(jnp.int32, (HEAD_DIM, soft), 0) // 32
+      heads = jnp.where(group % 2 == 1, acc[:, soft:], acc[:, :soft]) + jnp.repeat(e, 32, axis=0)
+      o_s[...] = jnp.concatenate([heads, jnp.zeros((HEAD_DIM, COLUMNS - soft), jnp.float32)], axis=1)
 
     def store(o_s, ml_s):
-      if transposed_values:  # rows back in channel order on the way out
+      if token_scaled_p:
+        token_scaled_output(o_s)
+      elif transposed_values:  # rows back in channel order on the way out
         _store_in_channel_order(acc, o_s, values_by_ldmatrix, bits)
       else:
         o_s[...] = acc
@@ -1509,10 +1781,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   per_group = (groups,) if groups > 1 else ()  # leading dimension of a warpgroup's own buffers
   # V [64, 128] f16 a slot, where the values go through shared memory; V^T in registers leaves it unread, so a
   # stand-in of 1 KB: a CTA of four warpgroups 123 KB, not 184 (s36; the kernel's time the same on an H100)
-  values_shape = (8, 64) if transposed_values else (STEP, HEAD_DIM)
+  values_shape = (8, 64) if register_values else (STEP, HEAD_DIM)
   scratch = [smem((*per_group, HEAD_DIM, COLUMNS), jnp.float16, 32),
-             smem((*per_group, slots, *values_shape), jnp.float16, None if transposed_values else 32),
-             smem((*per_group, slots, STEP, COLUMNS), jnp.float16, 32),
+             smem((*per_group, slots, *values_shape), jnp.float16, None if register_values else 32),
+             smem((*per_group, 2 if token_scaled_p else slots, STEP, COLUMNS), jnp.float16, 32),
              smem((max(bias_rows, 8), COLUMNS), jnp.float32),
              smem((*per_group, 2, 4), jnp.int32),  # `lagged_max`: the 4 warps' votes, two steps' slots
              plgpu.Barrier(num_arrivals=1, num_barriers=groups)]
@@ -1754,6 +2026,14 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # KIVI's pools take no folded minimums (`quantized_decode.pool_options`)
     "wg4_large_batch_ftz_kivi_lean_folded": dict(_LARGE_BATCH, values_per_token=True, permuted_keys=True,
                                                  fetch_by_one_warp=True, folded_minimums=True),
+    # the large-batch default's kernel as KIVI's pools take it (`quantized_decode.pool_options`: values per token
+    # through shared memory, no folded minimums), and that with the V wgmma on the exact codes against P times each
+    # token's scale (`token_scaled_p`: KIVI's values from registers; untimed, s37)
+    "wg4_large_batch_ftz_kivi_eight": dict(_LARGE_BATCH, values_per_token=True, permuted_keys=True,
+                                           fetch_by_one_warp=True, eight_column_softmax=True),
+    "wg4_large_batch_ftz_kivi_eight_scaled_p": dict(_LARGE_BATCH, values_per_token=True, permuted_keys=True,
+                                                    fetch_by_one_warp=True, eight_column_softmax=True,
+                                                    token_scaled_p=True),
     # s25's kernel with three pipeline slots where two were (another 24 KB a CTA: 208 KB; no faster, s26)
     "wg4_large_batch_ftz_s3": dict(_LARGE_BATCH, stages=3),
     # s25's kernel with the scales and minimums in `thread_order`: a part's 4 pairs by one 16-byte load (no

@@ -156,6 +156,9 @@ class DecodeConfig:
   # KIVI's pools (values per token and group of 32 channels) through the Mosaic kernel too, their values through
   # shared memory (`mosaic_int2`'s `values_per_token`; see MOSAIC_KIVI), where their width is served
   kivi_mosaic: bool = False
+  # KIVI's values from registers: the V wgmma on the exact codes against P times each token's scale, the
+  # minimums summed beside l (`mosaic_int2`'s `token_scaled_p`), where KIVI's values went through shared memory
+  kivi_token_scaled: bool = False
   # INT4 pools with `permuted_keys` too (`mosaic_int2.key_order`'s 64-channel parts; untimed, s30). Off, INT4
   # pools go without it (the option was INT2's until session 30).
   int4_permuted_keys: bool = False
@@ -321,6 +324,11 @@ MOSAIC_LEAN_EIGHT = dataclasses.replace(
 MOSAIC_LEAN_EIGHT_VLDSM = dataclasses.replace(
     MOSAIC_LEAN_EIGHT,
     mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_vldsm"].items()))
+# That with KIVI's pools' values from registers (`kivi_token_scaled`: the V wgmma on exact codes in two tiles of 64
+# channels, each against P times the token's scale of their groups; "pallas:mosaic_wg4_kivi_scaled_p"). s37: 521
+# SASS in the INT2 main loop offline against 515 through shared memory (`mosaic_sass_s37_kivi.md`), without the
+# V stores and the wgmma's reads of them, which bounded the values' path (s26).
+MOSAIC_KIVI_SCALED_P = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled=True)
 # What the default runs for large launches (`for_launch`): MOSAIC_LEAN_EIGHT since session 32, MOSAIC_LEAN_FOLDED
 # in sessions 30-31 (above), before it
 # MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
@@ -898,18 +906,21 @@ def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int, b
           and window == mosaic_int2.WINDOW and h == mosaic_int2.HEAD_DIM and mosaic_int2.available())
 
 
-def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool = False) -> dict:
+def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool = False,
+                 kivi_token_scaled: bool = False) -> dict:
   """A configuration's `mosaic_int2` options as a pool of `bits` (and, with `kivi`, KIVI's values) takes them:
   an INT4 pool keeps `permuted_keys` only with `int4_permuted_keys` (and not KIVI's); `folded_minimums` is the
   register paths' for windows' values and keys, and KIVI's pools go without it (their values are not in
   registers, and folding the keys alone made ptxas spill: 593 SASS in the main loop either way, offline, s30),
-  as without `values_by_ldmatrix`."""
+  as without `values_by_ldmatrix`. `kivi_token_scaled`: KIVI's values from registers (`token_scaled_p`)."""
   options = kivi_options(options) if kivi else dict(options)
   if bits != 2 and (kivi or not int4_permuted_keys):
     options["permuted_keys"] = False
-  if kivi:  # KIVI's values go through shared memory
+  if kivi:  # KIVI's values go through shared memory, or (`token_scaled_p`) scale P
     options["folded_minimums"] = False
     options.pop("values_by_ldmatrix", None)
+    if kivi_token_scaled:
+      options["token_scaled_p"] = True
   return options
 
 
@@ -932,7 +943,7 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, w
   flat = lambda x: x.reshape(n, *x.shape[2:])
   splits = mosaic_splits(n, max(1, -(-windows // 2)), config)
   options = pool_options(dict(config.mosaic_options), kp.bits, kivi=bool(vp.channel_group),
-                         int4_permuted_keys=config.int4_permuted_keys)
+                         int4_permuted_keys=config.int4_permuted_keys, kivi_token_scaled=config.kivi_token_scaled)
   groups = options.get("warpgroups", 1)  # programs a CTA: the splits a multiple of it
   splits = -(-splits // groups) * groups
   o_t, m, l = mosaic_int2.range_partials(

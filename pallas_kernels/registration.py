@@ -39,6 +39,8 @@
                                      runs at large batches since s32 (all-INT2 5 % faster on H100 and H200)
     "pallas:mosaic_wg4_lean_eight_vldsm"  that, INT2 and INT4 pools' value codes by `ldmatrix.trans` (< 1 % faster
                                           on an H100, s35)
+    "pallas:mosaic_wg4_kivi_scaled_p"  lean_eight with KIVI's values from registers, P times a token's scale
+                                       (untimed, s37)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
     "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)
@@ -122,3 +124,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_wg4_lean_int4_keys", quantized_decode.MOSAIC_LEAN_INT4_KEYS)
   register_variant("pallas:mosaic_wg4_lean_eight", quantized_decode.MOSAIC_LEAN_EIGHT)
   register_variant("pallas:mosaic_wg4_lean_eight_vldsm", quantized_decode.MOSAIC_LEAN_EIGHT_VLDSM)
+  register_variant("pallas:mosaic_wg4_kivi_scaled_p", quantized_decode.MOSAIC_KIVI_SCALED_P)

@@ -412,7 +412,11 @@ def kivi_values(case, seed=1):
                                                   overlap_values=False, magic_exponents=True),
                                      dict(defer_values_wgmma=True, overlap_values=False),
                                      dict(dequantize_keys=True, lagged_max=True, warpgroups=2, overlap_values=False,
-                                          magic_exponents=True, eight_column_softmax=True)])  # the default's (s32)
+                                          magic_exponents=True, eight_column_softmax=True),  # the default's (s32)
+                                     # the V wgmma on exact codes against P times a token's scale (s37)
+                                     dict(dequantize_keys=True, lagged_max=True, warpgroups=2, overlap_values=False,
+                                          magic_exponents=True, eight_column_softmax=True, in_place_values=True,
+                                          token_scaled_p=True)])
 def test_values_per_token_match(interpret, bits, options):
   """KIVI's values (a scale and minimum a token and group of 32 channels) give the attention of the dequantized
   cache; the reference's per-token reading matters (a window's reading of the same numbers is far off)."""
@@ -439,6 +443,15 @@ def test_eight_column_softmax_needs_dequantized_keys_and_the_lagged_maximum():
                   dict(eight_column_softmax=True, dequantize_keys=True)):
     with pytest.raises(ValueError, match="eight_column_softmax"):
       mi.attend(*case, splits=1, options=tuple(options.items()))
+
+
+def test_token_scaled_p_needs_values_per_token_and_the_eight_column_softmax():
+  case = kivi_values(random_case(3, 1, 128, 7))
+  base = dict(dequantize_keys=True, lagged_max=True, magic_exponents=True, in_place_values=True, token_scaled_p=True)
+  for options in (dict(base, eight_column_softmax=True), dict(base, values_per_token=True),
+                  dict(base, values_per_token=True, eight_column_softmax=True, in_place_values=False)):
+    with pytest.raises(ValueError, match="token_scaled_p"):
+      mi.int2_decode(*case[:3], case[3], *case[4:], splits=1, **options)
 
 
 def test_values_per_token_are_refused_where_they_cannot_go():
@@ -630,7 +643,8 @@ def test_kivi_pools_through_quantized_decode(interpret):
                 interpret=interpret is not None)
   want = qd.reference(qg * h ** -0.5, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                       window_size=window)
-  for config, launches in ((qd.MOSAIC_KIVI, 3), (qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, 1)):
+  for config, launches in ((qd.MOSAIC_KIVI, 3), (qd.MOSAIC_KIVI_SCALED_P, 3),
+                           (qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, 1)):
     out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, config=config,
                               **kwargs)
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=3e-3, rtol=0)

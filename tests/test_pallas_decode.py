@@ -191,6 +191,10 @@ def test_pool_options_keep_permuted_keys_to_int2():
   assert not any(qd.pool_options(folded, bits, kivi=True)["folded_minimums"] for bits in (2, 4))
   assert qd.pool_options(folded, 4, kivi=False, int4_permuted_keys=True)["permuted_keys"]  # opted in (s30)
   assert not qd.pool_options(folded, 4, kivi=True, int4_permuted_keys=True)["permuted_keys"]
+  scaled = qd.MOSAIC_KIVI_SCALED_P  # KIVI's values from registers (s37): KIVI's pools only
+  assert all(qd.pool_options(dict(scaled.mosaic_options), bits, kivi=True, kivi_token_scaled=True)["token_scaled_p"]
+             for bits in (2, 4))
+  assert "token_scaled_p" not in qd.pool_options(dict(scaled.mosaic_options), 2, kivi=False, kivi_token_scaled=True)
   by_ldmatrix = dict(qd.MOSAIC_LEAN_EIGHT_VLDSM.mosaic_options)  # V's codes by ldmatrix: windows' pools (s35)
   assert all(qd.pool_options(by_ldmatrix, bits, kivi=False)["values_by_ldmatrix"] for bits in (2, 4))
   assert not any(qd.pool_options(by_ldmatrix, bits, kivi=True).get("values_by_ldmatrix") for bits in (2, 4))
