@@ -32,6 +32,9 @@
 #                                                   # each beside the default; `vldsm_step`: the 32 x 100 step
 #   bash benchmarks/kernel_experiments.sh ncu       # (s36) the default INT2 kernel and vldsm under Nsight Compute
 #   bash benchmarks/kernel_experiments.sh profile   # (s36) the 7B step at 32 x 100, kernel by kernel
+#   bash benchmarks/kernel_experiments.sh kivi      # (s37) KIVI's values from registers (`token_scaled_p`): kernels
+#                                                   # at batch 32 and 60, then the 7B step's kivi2 and kivi4 rows
+#   bash benchmarks/kernel_experiments.sh profile_small  # (s37) the 7B step at 60 x 5, kernel by kernel
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -39,7 +42,7 @@
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
-tag=${TAG:-s36}  # results' names: mosaic_int2_<tag>_folded, ...
+tag=${TAG:-s37}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 case "${1:-}" in
   kernels)
@@ -148,6 +151,21 @@ case "${1:-}" in
   profile)  # (s36) where the 7B step's GPU time goes at 32 x 100 today (s28's profile is the last), kernel by kernel
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_profile --settings 32x100 \
       --methods windowquant fp16 --top 40 --out "$out" --tag "$tag" || echo "(stopped: profile)" ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile" >&2
+  kivi)  # (s37) KIVI's values from registers (`token_scaled_p`) against the shared-memory path KIVI's pools take by
+         # default: the kernels at 19,968 tokens (float64 checks first), INT2 at batch 32 and 60, INT4 at 60; then
+         # the 7B step at 32 x 100 and 60 x 5, kivi2 and kivi4 (issue 6's floors: kivi2 1.56 x and 1.53 x on an H200)
+    timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --kivi --batches 32 60 --out "$out" \
+      --variants wg4_large_batch_ftz_kivi_eight wg4_large_batch_ftz_kivi_eight_scaled_p --tag mosaic_kivi_${tag} \
+      || echo "(stopped: kivi, INT2 kernels)"
+    timeout 90 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --kivi --bits 4 --batches 60 \
+      --out "$out" --variants wg4_large_batch_ftz_kivi_eight wg4_large_batch_ftz_kivi_eight_scaled_p \
+      --tag mosaic_kivi4_${tag} || echo "(stopped: kivi, INT4 kernels)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 290 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
+      --attention pallas pallas:mosaic_wg4_kivi_scaled_p --methods kivi2 kivi4 --out "$out" --budget-s 270 \
+      --tag ${tag}_kivi_scaled || echo "(stopped: kivi, steps)" ;;
+  profile_small)  # (s37) where the 7B step's GPU time goes at 60 x 5 (windowquant 1.50 x its floor on an H200)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_profile --settings 60x5 \
+      --methods windowquant kivi2 fp16 --top 40 --out "$out" --tag "${tag}_small" || echo "(stopped: profile)" ;;
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small" >&2
      exit 2 ;;
 esac
