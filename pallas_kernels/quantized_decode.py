@@ -156,9 +156,10 @@ class DecodeConfig:
   # KIVI's pools (values per token and group of 32 channels) through the Mosaic kernel too, their values through
   # shared memory (`mosaic_int2`'s `values_per_token`; see MOSAIC_KIVI), where their width is served
   kivi_mosaic: bool = False
-  # KIVI's values from registers: the V wgmma on the exact codes against P times each token's scale, the
-  # minimums summed beside l (`mosaic_int2`'s `token_scaled_p`), where KIVI's values went through shared memory
-  kivi_token_scaled: bool = False
+  # The bit widths of KIVI's pools whose values come from registers: the V wgmma on the exact codes against P times
+  # each token's scale, the minimums summed beside l (`mosaic_int2`'s `token_scaled_p`); other KIVI pools' values
+  # go through shared memory
+  kivi_token_scaled_bits: tuple = ()
   # INT4 pools with `permuted_keys` too (`mosaic_int2.key_order`'s 64-channel parts; untimed, s30). Off, INT4
   # pools go without it (the option was INT2's until session 30).
   int4_permuted_keys: bool = False
@@ -324,22 +325,29 @@ MOSAIC_LEAN_EIGHT = dataclasses.replace(
 MOSAIC_LEAN_EIGHT_VLDSM = dataclasses.replace(
     MOSAIC_LEAN_EIGHT,
     mosaic_options=tuple(mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_vldsm"].items()))
-# That with KIVI's pools' values from registers (`kivi_token_scaled`: the V wgmma on exact codes in two tiles of 64
-# channels, each against P times the token's scale of their groups; "pallas:mosaic_wg4_kivi_scaled_p"). s37: 521
-# SASS in the INT2 main loop offline against 515 through shared memory (`mosaic_sass_s37_kivi.md`), without the
-# V stores and the wgmma's reads of them, which bounded the values' path (s26).
-MOSAIC_KIVI_SCALED_P = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled=True)
-# What the default runs for large launches (`for_launch`): MOSAIC_LEAN_EIGHT since session 32, MOSAIC_LEAN_FOLDED
-# in sessions 30-31 (above), before it
+# That with KIVI's INT2 and INT4 pools' values from registers (`kivi_token_scaled_bits`: the V wgmma on exact codes in
+# two tiles of 64 channels, each against P times the token's scale of their groups;
+# "pallas:mosaic_wg4_kivi_scaled_p"). s37: 521 SASS in the INT2 main loop offline against 515 through shared
+# memory, without the V stores and the wgmma's reads of them, which bounded the values' path (s26). On an H100
+# (s37, float64 checks passed): the INT2 kernel at 19,968 tokens 112.9 µs against 129.7 at batch 32, 220.9 against
+# 254.6 at 60 (`mosaic_kivi_s37_h100.md`); the 7B step's kivi2 at 32 x 100 9.169 ms against 9.615, at 60 x 5 7.034
+# against 7.025, kivi4 at 60 x 5 7.155 against 7.054 (`decode_throughput_*_s37_kivi_scaled*_h100.md`).
+MOSAIC_KIVI_SCALED_P = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2, 4))
+# What the default runs for large launches since s37: MOSAIC_LEAN_EIGHT with KIVI's INT2 pools' values from
+# registers (where they won, above); KIVI's INT4 pools keep the shared-memory path (1.4 % slower at 60 x 5 the
+# other way, untimed at 32 x 100).
+MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,))
+# What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 37, MOSAIC_LEAN_EIGHT in
+# s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before it
 # MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
 # against 10.13, kivi2 9.04 against 12.94, kivi4 9.58 against 10.32, `decode_throughput_*_s28_lean_all_gpu.md`),
 # with the launches' partials merged in one Pallas launch (`combine_kernel`; `combine_with_heads_last_kernel`
 # until s33) where XLA takes five or more small kernels a layer. The merged combine: 9.98 ms against 10.09 with
 # XLA's merge at 32 x 100 (session 24); for two Mosaic launches (INT2 and INT4 pools) it replaces a transposed,
 # concatenated copy and the combine kernel (~40 µs of 545 at batch 60 x 32k, mix; untimed).
-LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_LEAN_EIGHT, k) for k in (
+LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_DEFAULT, k) for k in (
     "mosaic_programs_per_multiprocessor", "mosaic_options", "fused_combine", "mosaic_min_splits", "int4_mosaic",
-    "kivi_mosaic")}
+    "kivi_mosaic", "kivi_token_scaled_bits")}
 LARGE_BATCH_BITS = (2, 4) if LARGE_BATCH_MOSAIC["int4_mosaic"] else (2,)  # the widths its launches serve
 # The Triton kernel for every pool, at every batch ("pallas:triton": the baseline the Mosaic benches compare to).
 TRITON_ONLY = DecodeConfig(mosaic_min_pairs=None)
@@ -943,7 +951,8 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, w
   flat = lambda x: x.reshape(n, *x.shape[2:])
   splits = mosaic_splits(n, max(1, -(-windows // 2)), config)
   options = pool_options(dict(config.mosaic_options), kp.bits, kivi=bool(vp.channel_group),
-                         int4_permuted_keys=config.int4_permuted_keys, kivi_token_scaled=config.kivi_token_scaled)
+                         int4_permuted_keys=config.int4_permuted_keys,
+                         kivi_token_scaled=kp.bits in config.kivi_token_scaled_bits)
   groups = options.get("warpgroups", 1)  # programs a CTA: the splits a multiple of it
   splits = -(-splits // groups) * groups
   o_t, m, l = mosaic_int2.range_partials(

@@ -36,11 +36,12 @@
                                      large batches in s30-s31 (the INT2 kernel 3-4 % faster on an H100)
     "pallas:mosaic_wg4_lean_int4_keys"  that, and INT4 pools' keys permuted as INT2's (no faster on an H100, s30)
     "pallas:mosaic_wg4_lean_eight"  lean_folded with the softmax on 8 columns, not 16 half masked: what "pallas"
-                                     runs at large batches since s32 (all-INT2 5 % faster on H100 and H200)
+                                     ran at large batches in s32-s36 (all-INT2 5 % faster on H100 and H200); since
+                                     s37 the default takes KIVI's INT2 pools' values from registers
     "pallas:mosaic_wg4_lean_eight_vldsm"  that, INT2 and INT4 pools' value codes by `ldmatrix.trans` (< 1 % faster
                                           on an H100, s35)
-    "pallas:mosaic_wg4_kivi_scaled_p"  lean_eight with KIVI's values from registers, P times a token's scale
-                                       (untimed, s37)
+    "pallas:mosaic_wg4_kivi_scaled_p"  lean_eight with KIVI's INT2 and INT4 values from registers, P times a
+                                       token's scale (s37, H100: kivi2's step at 32 x 100 4.6 % faster)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
     "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)

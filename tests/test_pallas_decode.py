@@ -150,16 +150,18 @@ def test_mosaic_split_count_weighs_waves(batch, steps):
 
 
 def test_large_launches_take_the_mosaic_kernel():
-  """The default tiling puts the INT2, INT4 and KIVI pools through the Mosaic kernel (`MOSAIC_LEAN_EIGHT`'s) only
-  where it won on the H200: many (request, KV head) pairs and a long pool, not in interpret mode; an explicit
-  configuration is left as it is, and TRITON_ONLY never switches."""
+  """The default tiling puts the INT2, INT4 and KIVI pools through the Mosaic kernel (`MOSAIC_DEFAULT`'s: s32's
+  `MOSAIC_LEAN_EIGHT` with KIVI's INT2 values from registers since s37) only where it won on the H200: many
+  (request, KV head) pairs and a long pool, not in interpret mode; an explicit configuration is left as it is, and
+  TRITON_ONLY never switches."""
   default = qd.DecodeConfig()
   big = qd.for_launch(default, 128, 1 << 15, interpret=False)
   assert big.int2_mosaic and big.mosaic_min_pairs is None
   assert big.mosaic_options == qd.MOSAIC_LEAN_EIGHT.mosaic_options and big.int4_mosaic and big.kivi_mosaic
   assert dict(big.mosaic_options)["eight_column_softmax"]
   assert big.mosaic_programs_per_multiprocessor == 4 and big.fused_combine  # the two sets merged in one launch
-  assert dataclasses.replace(big, mosaic_min_pairs=128) == qd.MOSAIC_LEAN_EIGHT
+  assert dataclasses.replace(big, mosaic_min_pairs=128) == qd.MOSAIC_DEFAULT
+  assert qd.MOSAIC_DEFAULT == dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,))
   if qd._multiprocessors(big) == 132:  # an H200's (or a CPU's stand-in): 4 x 132 slots hold 128 pairs x 4 splits
     assert qd.mosaic_splits(128, 306, big) == 4 and qd.mosaic_splits(128, 306, qd.MOSAIC_FOUR_WARPGROUPS) == 8
   assert dataclasses.replace(big, int2_mosaic=False, mosaic_min_pairs=128,
@@ -195,6 +197,7 @@ def test_pool_options_keep_permuted_keys_to_int2():
   assert all(qd.pool_options(dict(scaled.mosaic_options), bits, kivi=True, kivi_token_scaled=True)["token_scaled_p"]
              for bits in (2, 4))
   assert "token_scaled_p" not in qd.pool_options(dict(scaled.mosaic_options), 2, kivi=False, kivi_token_scaled=True)
+  assert qd.LARGE_BATCH_MOSAIC["kivi_token_scaled_bits"] == (2,)  # the default: KIVI's INT2 pools (s37)
   by_ldmatrix = dict(qd.MOSAIC_LEAN_EIGHT_VLDSM.mosaic_options)  # V's codes by ldmatrix: windows' pools (s35)
   assert all(qd.pool_options(by_ldmatrix, bits, kivi=False)["values_by_ldmatrix"] for bits in (2, 4))
   assert not any(qd.pool_options(by_ldmatrix, bits, kivi=True).get("values_by_ldmatrix") for bits in (2, 4))
