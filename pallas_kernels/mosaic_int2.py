@@ -1185,7 +1185,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   are two groups, and P's columns 8-15 were empty), into two accumulators whose rows keep the columns of their
   group (`_token_scaled_p`); the minimums' share is summed beside l (`_token_minimum_terms`) and added as O^T is
   stored (`_store_token_scaled`). Where the values went through shared memory, per token, the data pipe and the
-  per-code loads bounded KIVI's kernel (~20 % behind INT2's, s28); untimed (s37).
+  per-code loads bounded KIVI's kernel (~20 % behind INT2's, s28); H100, s37: 112.9 µs against 129.7 at batch
+  32 x 19,968, 220.9 against 254.6 at 60 (`mosaic_kivi_s37_h100.md`).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -2028,7 +2029,7 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                  fetch_by_one_warp=True, folded_minimums=True),
     # the large-batch default's kernel as KIVI's pools take it (`quantized_decode.pool_options`: values per token
     # through shared memory, no folded minimums), and that with the V wgmma on the exact codes against P times each
-    # token's scale (`token_scaled_p`: KIVI's values from registers; untimed, s37)
+    # token's scale (`token_scaled_p`: KIVI's values from registers; 13 % faster on an H100, s37)
     "wg4_large_batch_ftz_kivi_eight": dict(_LARGE_BATCH, values_per_token=True, permuted_keys=True,
                                            fetch_by_one_warp=True, eight_column_softmax=True),
     "wg4_large_batch_ftz_kivi_eight_scaled_p": dict(_LARGE_BATCH, values_per_token=True, permuted_keys=True,
