@@ -445,6 +445,34 @@ def test_eight_column_softmax_needs_dequantized_keys_and_the_lagged_maximum():
       mi.attend(*case, splits=1, options=tuple(options.items()))
 
 
+def _wgmma_accumulators(jaxpr, found):
+  """The accumulator shapes of every `wgmma` in a traced kernel (nested jaxprs included)."""
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "wgmma_ref":
+      found.add(tuple(eqn.invars[0].aval.shape))
+    for param in eqn.params.values():
+      for sub in param if isinstance(param, (list, tuple)) else [param]:
+        inner = getattr(sub, "jaxpr", sub)
+        if hasattr(inner, "eqns"):
+          _wgmma_accumulators(inner, found)
+  return found
+
+
+def test_token_scaled_p_takes_two_tiles_of_values():
+  """With `token_scaled_p` the values' wgmma runs as two tiles of 64 channels, each against its own B (the
+  interpret mode traces the same structure the GPU runs): no [128, 16] accumulator, where the shared-memory path
+  has one. Guards the option against being dropped on its way in (the results alone would still match)."""
+  import jax
+  case = kivi_values(random_case(3, 2, 256, 7))
+  options = dict(dequantize_keys=True, lagged_max=True, warpgroups=2, overlap_values=False, magic_exponents=True,
+                 eight_column_softmax=True, values_per_token=True, in_place_values=True)
+  shapes = {flag: _wgmma_accumulators(jax.make_jaxpr(lambda *a: mi.int2_decode(
+      *a, splits=2, interpret=mi.interpret_params(), token_scaled_p=flag, **options))(*case).jaxpr, set())
+            for flag in (False, True)}
+  assert (mi.HEAD_DIM, mi.COLUMNS) in shapes[False]
+  assert shapes[True] == {(mi.STEP, mi.COLUMNS)}  # the scores' and the two tiles'
+
+
 def test_token_scaled_p_needs_values_per_token_and_the_eight_column_softmax():
   case = kivi_values(random_case(3, 1, 128, 7))
   base = dict(dequantize_keys=True, lagged_max=True, magic_exponents=True, in_place_values=True, token_scaled_p=True)
