@@ -518,6 +518,30 @@ def _register_offsets(shape):
     yield (idx, *divmod(sum(i * s for i, s in zip(idx, strides)), shape[1]))
 
 
+def _token_byte_pairs(codes, column, first_token, row_bytes, i32):
+  """The register paths' V^T codes: returns pair(token, byte_offset), the i32 holding byte `column` + byte_offset
+  of tokens first_token + token and the next (of a step's swizzled codes ref), each in the low byte of its half:
+  a `ld.shared.u8` a token, one `prmt` for the two."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax._src.lib.mlir.dialects import arith, llvm
+
+  c = lambda v: arith.constant(i32, v)
+  base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
+
+  def code_byte(token_offset, byte_offset):
+    byte = arith.addi(column, c(byte_offset)) if byte_offset else column
+    offset = arith.addi(arith.muli(arith.addi(first_token, c(token_offset)), c(row_bytes)), byte)
+    # The swizzle XORs the 16-byte chunk's index (bits 4 and up) with the offset's bits 7 and up.
+    offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(row_bytes - 16)))
+    return llvm.inline_asm(i32, [arith.addi(base, offset)], "ld.shared.u8 $0, [$1];", "=r,r",
+                           has_side_effects=True)  # not moved above the TMA's barrier wait
+
+  def pair(token, byte_offset):
+    return llvm.inline_asm(i32, [code_byte(token, byte_offset), code_byte(token + 1, byte_offset)],
+                           "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r")
+  return pair
+
+
 def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_order=False, bits=2, folded=False):
   """A step's values as the V wgmma's register operand: V^T f16 [128, 64] (WGMMA layout), row r channel
   `value_row_channels()[r]`, column t token t, from the codes [64, 32] (uint8, 32-byte swizzle) and the [2, H]
@@ -538,7 +562,7 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
-  from jax._src.lib.mlir.dialects import arith, llvm, memref, vector
+  from jax._src.lib.mlir.dialects import arith, memref, vector
 
   wgmma = plgpu.Layout.WGMMA
   shape = (HEAD_DIM, STEP)
@@ -554,7 +578,7 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
     half2 = ir.VectorType.get((2,), ir.F16Type.get())
     c = lambda v: arith.constant(i32, v)
     column, first_token = _thread_position(i32)
-    base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
+    two_tokens = _token_byte_pairs(codes, column, first_token, row_bytes, i32)
     constants = [part_constants(p, True, bits) for p in range(8 // bits)]
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
     stored = column  # where channel `column` of a part sits in its 32
@@ -571,13 +595,6 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
         metadata[which, window, part] = vector.broadcast(half2, value)
       return metadata[which, window, part]
 
-    def code_byte(token_offset, byte_offset):  # byte `column` + byte_offset of token first_token + token_offset
-      byte = arith.addi(column, c(byte_offset)) if byte_offset else column
-      offset = arith.addi(arith.muli(arith.addi(first_token, c(token_offset)), c(row_bytes)), byte)
-      # The swizzle XORs the 16-byte chunk's index (bits 4 and up) with the offset's bits 7 and up.
-      offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(row_bytes - 16)))
-      return llvm.inline_asm(i32, [arith.addi(base, offset)], "ld.shared.u8 $0, [$1];", "=r,r",
-                             has_side_effects=True)  # not moved above the TMA's barrier wait
     folding = _FoldedParts(bits, i32, half2) if folded else None
     folded_minimums = {}  # (window, group) -> its folded minimum, f16x2
 
@@ -594,9 +611,7 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
       group, window = 2 * (row // STEP) + (row % STEP) // 8, token // WINDOW  # channel column + 32 group
       byte_offset, part = value_row_byte(group, bits)
       if (token, byte_offset) not in spread:
-        pair = llvm.inline_asm(
-            i32, [code_byte(token, byte_offset), code_byte(token + 1, byte_offset)], "prmt.b32 $0, $1, $2, 0x5410;",
-            "=r,r,r")
+        pair = two_tokens(token, byte_offset)
         spread[token, byte_offset] = folding.parts_of(pair) if folded else pair
       if folded:
         x = spread[token, byte_offset][part]
@@ -616,7 +631,6 @@ def _value_codes_transposed(codes_ref, bits=2):
   magic number against a probability scaled by the token's scale (`_token_scaled_p`)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
-  from jax._src.lib.mlir.dialects import arith, llvm
 
   wgmma = plgpu.Layout.WGMMA
   tile = (STEP, STEP)
@@ -627,26 +641,16 @@ def _value_codes_transposed(codes_ref, bits=2):
   def unpack(ctx, codes):
     del ctx
     i32, half2, c = _register_types()
-    column, first_token = _thread_position(i32)
-    base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(codes))
+    two_tokens = _token_byte_pairs(codes, *_thread_position(i32), row_bytes, i32)
     constants = [part_constants(p, True, bits) for p in range(8 // bits)]
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
-
-    def code_byte(token_offset, byte_offset):  # as `_values_transposed`'s: swizzled offset, one byte
-      byte = arith.addi(column, c(byte_offset)) if byte_offset else column
-      offset = arith.addi(arith.muli(arith.addi(first_token, c(token_offset)), c(row_bytes)), byte)
-      offset = arith.xori(offset, arith.andi(arith.shrui(offset, c(3)), c(row_bytes - 16)))
-      return llvm.inline_asm(i32, [arith.addi(base, offset)], "ld.shared.u8 $0, [$1];", "=r,r",
-                             has_side_effects=True)  # not moved above the TMA's barrier wait
     spread, tiles = {}, []
     for m in range(2):
       registers = np.empty(mgpu.WGMMA_LAYOUT.registers_shape(tile), dtype=object)
       for idx, row, token in _register_offsets(tile):
         byte_offset, part = value_row_byte(2 * m + row // 8, bits)
         if (token, byte_offset) not in spread:
-          spread[token, byte_offset] = llvm.inline_asm(
-              i32, [code_byte(token, byte_offset), code_byte(token + 1, byte_offset)],
-              "prmt.b32 $0, $1, $2, 0x5410;", "=r,r,r")
+          spread[token, byte_offset] = two_tokens(token, byte_offset)
         registers[idx] = _part_of(spread[token, byte_offset], constants[part], magic[part], i32, half2)
       tiles.append(mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None))
     return tuple(tiles)
@@ -1482,12 +1486,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits, folded_minimums)
 
     def dequantize_values(vc_s, vs_s, vm_s, v_s):  # into v_s [64 tokens, 128 channels] f16
-      if token_scaled_p:  # the interpret mode's exact codes
-        codes = plgpu.load(vc_s, layout=layout.WGMMA_UPCAST_2X)
-        for part in range(parts):
-          v_s[:, pl.ds(width * part, width)] = plgpu.layout_cast(
-              (codes & jnp.uint8((levels - 1) << bits * part)).astype(jnp.float16), layout.WGMMA) * jnp.float16(
-                  levels ** -part)
+      if token_scaled_p:  # the interpret mode's exact codes (levels^p c, times levels^-p)
+        for part, value in enumerate(unpacked_keys(vc_s)):
+          v_s[:, pl.ds(width * part, width)] = value * jnp.float16(levels ** -part)
         return
       if values_scaled_after:  # the codes alone: scaled after the V wgmma
         for part, value in enumerate(unpacked_keys(vc_s)):

@@ -328,7 +328,7 @@ MOSAIC_LEAN_EIGHT_VLDSM = dataclasses.replace(
 # That with KIVI's INT2 and INT4 pools' values from registers (`kivi_token_scaled_bits`: the V wgmma on exact codes in
 # two tiles of 64 channels, each against P times the token's scale of their groups;
 # "pallas:mosaic_wg4_kivi_scaled_p"). s37: 521 SASS in the INT2 main loop offline against 515 through shared
-# memory, without the V stores and the wgmma's reads of them, which bounded the values' path (s26). On an H100
+# memory (`mosaic_sass_s37_kivi.md`), without the V stores and the wgmma's reads of them, which bounded the values' path (s26). On an H100
 # (s37, float64 checks passed): the INT2 kernel at 19,968 tokens 112.9 µs against 129.7 at batch 32, 220.9 against
 # 254.6 at 60 (`mosaic_kivi_s37_h100.md`); the 7B step's kivi2 at 32 x 100 9.169 ms against 9.615, at 60 x 5 7.034
 # against 7.025, kivi4 at 60 x 5 7.155 against 7.054 (`decode_throughput_*_s37_kivi_scaled*_h100.md`).
