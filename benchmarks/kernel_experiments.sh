@@ -35,6 +35,7 @@
 #   bash benchmarks/kernel_experiments.sh kivi      # (s37) KIVI's values from registers (`token_scaled_p`): kernels
 #                                                   # at batch 32 and 60, then the 7B step's kivi2 and kivi4 rows
 #   bash benchmarks/kernel_experiments.sh profile_small  # (s37) the 7B step at 60 x 5, kernel by kernel
+#   bash benchmarks/kernel_experiments.sh headline  # (s38) issue 6's 32 x 100 row, every method but C
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -42,7 +43,7 @@
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
-tag=${TAG:-s37}  # results' names: mosaic_int2_<tag>_folded, ...
+tag=${TAG:-s38}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 case "${1:-}" in
   kernels)
@@ -164,8 +165,13 @@ case "${1:-}" in
       --attention pallas pallas:mosaic_wg4_kivi_scaled_p --methods kivi2 kivi4 --out "$out" --budget-s 270 \
       --tag ${tag}_kivi_scaled || echo "(stopped: kivi, steps)" ;;
   profile_small)  # (s37) where the 7B step's GPU time goes at 60 x 5 (windowquant 1.50 x its floor on an H200)
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_profile --settings 60x5 \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout ${PROFILE_TIMEOUT:-300} python -m benchmarks.decode_profile --settings 60x5 \
       --methods windowquant kivi2 fp16 --top 40 --out "$out" --tag "${tag}_small" || echo "(stopped: profile)" ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small" >&2
+  headline)  # (s38) issue 6's 32 x 100 row with today's defaults, every method but C (XLA-only; s32's row stands),
+             # fp16 first: the H200's last such row is s32's, before s33-s37's defaults
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 345 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas --methods fp16 windowquant kivi2 rtn2 kivi4 rtn4 A B --out "$out" --budget-s 320 \
+      --tag ${tag}_headline || echo "(stopped: headline)" ;;
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline" >&2
      exit 2 ;;
 esac
