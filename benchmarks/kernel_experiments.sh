@@ -36,6 +36,7 @@
 #                                                   # at batch 32 and 60, then the 7B step's kivi2 and kivi4 rows
 #   bash benchmarks/kernel_experiments.sh profile_small  # (s37) the 7B step at 60 x 5, kernel by kernel
 #   bash benchmarks/kernel_experiments.sh headline  # (s38) issue 6's 32 x 100 row, every method but C
+#   bash benchmarks/kernel_experiments.sh two_splits  # (s38) 2 splits a pair at batch 60 (a CTA two pairs' splits)
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -172,6 +173,17 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 345 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas --methods fp16 windowquant kivi2 rtn2 kivi4 rtn4 A B --out "$out" --budget-s 320 \
       --tag ${tag}_headline || echo "(stopped: headline)" ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline" >&2
+  two_splits)  # (s38) 2 splits a pair where one wave holds them (a CTA's warpgroups two pairs' splits) against the
+               # default's 4: one layer at batch 60 x 1k and 60 x 32k (mix and int2), then the 7B step at 60 x 5
+    timeout 150 python benchmarks/decode_attention.py --variant-shape 60,1024 --variant-plans mix,int2 --no-sweep \
+      --variants default,mosaic_two_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_1k \
+      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: 1k)"
+    timeout 120 python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
+      --variants default,mosaic_two_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_32k \
+      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: 32k)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 60x5 \
+      --attention pallas pallas:mosaic_two_splits --methods windowquant kivi2 rtn2 --out "$out" --budget-s 260 \
+      --tag ${tag}_two_splits || echo "(stopped: two_splits, step)" ;;
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits" >&2
      exit 2 ;;
 esac

@@ -1124,7 +1124,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   `steps_per_block`: 64-token steps a pipeline iteration (one TMA issue, barrier wait and slot computation for
   them all; with 2 and `defer_values_wgmma`, the V and P buffers' slots are static; with four warpgroups
   slower, s25: ptxas spills); `warpgroups`: programs (warpgroups) a CTA, each with its own
-  buffers and a pipeline written out by hand. Four make a CTA of 512 threads, for which ptxas must fit 128
+  buffers and a pipeline written out by hand: splits of one pair, or where `splits` divides `warpgroups`,
+  every split of warpgroups / splits pairs (N a multiple of that). Four make a CTA of 512 threads, for which ptxas must fit 128
   registers a thread (session 20's PTX: 145 registers, 128 with 36 bytes of spills), so that an SM holds 4
   programs, not 3; not with `defer_values_wgmma` (its second V buffer would not fit 4 times),
   `bias_in_kernel` or `keys_in_smem`. Wrong on the H200 in session 22: Pallas' cross-warp reductions all
@@ -1268,8 +1269,13 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   groups = warpgroups
   if fetch_by_one_warp and groups == 1:
     raise ValueError("fetch_by_one_warp: the four-warpgroup pipeline's (warpgroups > 1); emit_pipeline issues its own")
-  if groups > 1 and (defer_values_wgmma or bias_in_kernel or keys_in_smem or splits % groups):
-    raise ValueError(f"warpgroups={groups} needs splits divisible by it, and neither defer_values_wgmma, "
+  # A CTA's warpgroups are splits of one pair, or (fewer splits than warpgroups) the splits of several pairs:
+  # short pools at large batches then fill fewer waves of CTAs, each program reading more steps
+  pairs_per_cta = groups // splits if groups > 1 and splits < groups and groups % splits == 0 else 1
+  if groups > 1 and (defer_values_wgmma or bias_in_kernel or keys_in_smem
+                     or (splits % groups if pairs_per_cta == 1 else n % pairs_per_cta)):
+    raise ValueError(f"warpgroups={groups} needs splits divisible by it (or dividing it, with pairs a multiple of "
+                     f"warpgroups / splits; got splits={splits} for {n} pairs), and neither defer_values_wgmma, "
                      f"bias_in_kernel nor keys_in_smem")
   layout = plgpu.Layout
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
@@ -1301,9 +1307,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     if grid_dependency_wait and interpret is None:  # nothing read before: the wait is all the ordering needed
       plgpu.griddepcontrol_wait()
     pair, split = lax.axis_index("pair"), lax.axis_index("split")
-    if groups > 1:  # this warpgroup's split and buffers
+    if groups > 1:  # this warpgroup's pair, split and buffers
       wg = lax.axis_index("wg")
-      split = split * groups + wg
+      if pairs_per_cta > 1:
+        pair, split = pair * pairs_per_cta + wg // splits, wg % splits
+      else:
+        split = split * groups + wg
       bq_s, v_slots, p_slots, my_bar = bq_s.at[wg], v_slots.at[wg], p_slots.at[wg], bar.at[wg]
       vote_slots = vote_slots.at[wg]
     else:
@@ -1811,7 +1820,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       out_type=(jax.ShapeDtypeStruct((n, splits, HEAD_DIM, COLUMNS), jnp.float32),
                 jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32),
                 jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32)),
-      grid=(n, splits // groups), grid_names=("pair", "split"),
+      grid=(n // pairs_per_cta, max(1, splits // groups)), grid_names=("pair", "split"),
       scratch_types=scratch, **threads,
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane,
                                            approx_math=approx_math, unsafe_no_auto_barriers=not auto_barriers),

@@ -337,6 +337,10 @@ MOSAIC_KIVI_SCALED_P = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_
 # registers (where they won, above); KIVI's INT4 pools keep the shared-memory path (1.4 % slower at 60 x 5 the
 # other way, untimed at 32 x 100).
 MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,))
+# (s38) That, with 2 splits a pair where one wave of CTAs holds them (pairs >= 176 on an H200: batch >= 44), a CTA's
+# four warpgroups then the splits of two pairs: at 60 x 5 frames (a layer's pools ~1k tokens) the default's 4
+# splits are 1.8 waves of 4-step programs (the Mosaic kernel 27 µs a layer on an H100, 0.5 TB/s).
+MOSAIC_TWO_SPLITS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_min_splits=2)
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 37, MOSAIC_LEAN_EIGHT in
 # s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before it
 # MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
@@ -953,8 +957,9 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, w
   options = pool_options(dict(config.mosaic_options), kp.bits, kivi=bool(vp.channel_group),
                          int4_permuted_keys=config.int4_permuted_keys,
                          kivi_token_scaled=kp.bits in config.kivi_token_scaled_bits)
-  groups = options.get("warpgroups", 1)  # programs a CTA: the splits a multiple of it
-  splits = -(-splits // groups) * groups
+  groups = options.get("warpgroups", 1)  # programs a CTA: the splits a multiple of it, or a divisor of it that
+  if not (splits < groups and groups % splits == 0 and n % (groups // splits) == 0):  # divides the pairs too
+    splits = -(-splits // groups) * groups
   o_t, m, l = mosaic_int2.range_partials(
       q, flat(kp.data), flat(kp.scale), flat(kp.minimum), flat(vp.data), flat(vp.scale), flat(vp.minimum),
       first, count, windows=windows, splits=splits,

@@ -7,6 +7,8 @@ plain conversions; the inline-PTX path is checked against the same reference on 
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -124,6 +126,35 @@ def test_four_warpgroups_a_cta(interpret, first, count, windows, faster):
   np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, q.shape[1])), want, atol=2e-3, rtol=0)
 
 
+@pytest.mark.parametrize("splits,first,count,windows", [(1, None, None, None), (2, 3, 29, 32), (1, 5, 6, 12)])
+def test_a_ctas_warpgroups_take_several_pairs(interpret, splits, first, count, windows):
+  """Fewer splits than warpgroups: a CTA's four programs are every split of 4 / splits pairs (the default's
+  kernel options, eight columns, KIVI-free); the whole pool and ranges, against float64."""
+  q, kc, ks, km, vc, vs, vm = random_case(11, 4, 32 * mi.WINDOW, 7)
+  options = dict(warpgroups=4, overlap_values=False, dequantize_keys=True, lagged_max=True,
+                 eight_column_softmax=True)
+  if first is None:
+    out = np.asarray(mi.attend(q, kc, ks, km, vc, vs, vm, splits=splits, interpret=interpret,
+                               options=tuple(options.items())))
+    np.testing.assert_allclose(out, mi.reference(q, kc, ks, km, vc, vs, vm), atol=2e-3, rtol=0)
+    return
+  o_t, m, l = mi.range_partials(q, kc, ks, km, vc, vs, vm, first, count, windows=windows, splits=splits,
+                                interpret=interpret, **options)
+  assert o_t.shape[:2] == (4, splits)
+  tokens, windows_ = slice(first * mi.WINDOW, (first + count) * mi.WINDOW), slice(first, first + count)
+  want = mi.reference(q, kc[:, tokens], ks[:, windows_], km[:, windows_], vc[:, tokens], vs[:, windows_],
+                      vm[:, windows_])
+  np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, q.shape[1])), want, atol=2e-3, rtol=0)
+
+
+def test_pairs_that_cannot_share_a_cta_are_refused():
+  """Two splits of four warpgroups put two pairs in a CTA: three pairs cannot be split so."""
+  q, kc, ks, km, vc, vs, vm = random_case(12, 3, 4 * mi.WINDOW, 7)
+  with pytest.raises(ValueError, match="warpgroups=4 needs splits"):
+    mi.attend(q, kc, ks, km, vc, vs, vm, splits=2, interpret=mi.interpret_params(),
+              options=(("warpgroups", 4), ("overlap_values", False)))
+
+
 @pytest.mark.parametrize("bits,warpgroups,first,count,windows,splits", [
     (2, 1, 3, 7, 10, 1), (4, 1, 5, 4, 6, 2), (2, 4, 3, 29, 32, 4), (2, 1, 4, 0, 4, 2)])
 def test_eight_column_softmax_over_ranges(interpret, bits, warpgroups, first, count, windows, splits):
@@ -212,7 +243,9 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"], ranged=True,
                                           values_per_token=True, values_in_registers=False, folded_minimums=False),
                                      *(dict(mi.VARIANTS["wg4_large_batch_ftz_kivi"], ranged=ranged, bits=bits)
-                                       for ranged in (False, True) for bits in (2, 4))])  # KIVI's values, s27
+                                       for ranged in (False, True) for bits in (2, 4)),  # KIVI's values, s27
+                                     # s38: two pairs' splits a CTA
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"], ranged=True, splits=2)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
@@ -221,7 +254,7 @@ def test_lowers_for_cuda(options):
   shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in random_case(0, 4, 512, 7, options.pop("bits", 2))]
   if options.get("values_per_token"):  # KIVI's value metadata: a token's 4 groups of 32 channels
     shapes[5:] = [jax.ShapeDtypeStruct((4, 512, mi.HEAD_DIM // 32), np.float16)] * 2
-  splits = options.get("warpgroups", 2)
+  splits = options.pop("splits", options.get("warpgroups", 2))
   if options.pop("ranged", False):
     lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.range_partials(
         q, kc, ks, km, vc, vs, vm, 3, 9, windows=12, splits=splits, **options))
@@ -582,7 +615,7 @@ def test_bad_shapes_are_refused():
 # magic exponents, ldmatrix, registers for V^T) are held to their lowering for CUDA instead.
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
                                      "int2_int4", "merged", "values_after", "ftz", "ftz_block2", "vregs_int4",
-                                     "lean_eight"])
+                                     "lean_eight", "two_splits"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -616,7 +649,11 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 lagged_max=qd.MOSAIC_LAGGED_MAX, int2_int4=qd.MOSAIC_INT2_INT4,
                 merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED, values_after=qd.MOSAIC_FOUR_WARPGROUPS_VALUES_AFTER,
                 ftz=qd.MOSAIC_FOUR_WARPGROUPS_FTZ, ftz_block2=qd.MOSAIC_FOUR_WARPGROUPS_FTZ_BLOCK2,
-                vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, lean_eight=qd.MOSAIC_LEAN_EIGHT)[variant]
+                vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, lean_eight=qd.MOSAIC_LEAN_EIGHT,
+                # one SM of 4 programs: its 4 pairs take 2 splits, two pairs a CTA
+                two_splits=dataclasses.replace(qd.MOSAIC_TWO_SPLITS, multiprocessors=1))[variant]
+  if variant == "two_splits":
+    assert qd.mosaic_splits(b * kh, 3, config) == 2
   pool_tokens = tuple(w * window for w in slice_windows)
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
