@@ -174,16 +174,15 @@ case "${1:-}" in
       --attention pallas --methods fp16 windowquant kivi2 rtn2 kivi4 rtn4 A B --out "$out" --budget-s 320 \
       --tag ${tag}_headline || echo "(stopped: headline)" ;;
   two_splits)  # (s38) 2 splits a pair where one wave holds them (a CTA's warpgroups two pairs' splits) against the
-               # default's 4: one layer at batch 60 x 1k and 60 x 32k (mix and int2), then the 7B step at 60 x 5
-    timeout 150 python benchmarks/decode_attention.py --variant-shape 60,1024 --variant-plans mix,int2 --no-sweep \
-      --variants default,mosaic_two_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_1k \
-      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: 1k)"
-    timeout 120 python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
-      --variants default,mosaic_two_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_32k \
-      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: 32k)"
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 60x5 \
-      --attention pallas pallas:mosaic_two_splits --methods windowquant kivi2 rtn2 --out "$out" --budget-s 260 \
-      --tag ${tag}_two_splits || echo "(stopped: two_splits, step)" ;;
+               # default's 4: the 7B step at 60 x 5, then one layer at batch 60 x 1k and 60 x 32k (all-INT2 pools)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 270 python -m benchmarks.decode_throughput --settings 60x5 \
+      --attention pallas pallas:mosaic_two_splits --methods windowquant kivi2 --out "$out" --budget-s 250 \
+      --tag ${tag}_two_splits || echo "(stopped: two_splits, step)"
+    for tokens in 1024 32768; do
+      timeout 130 python benchmarks/decode_attention.py --variant-shape 60,$tokens --variant-plans int2 --no-sweep \
+        --variants default,mosaic_two_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_$tokens \
+        --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: $tokens)"
+    done ;;
   *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits" >&2
      exit 2 ;;
 esac
