@@ -36,7 +36,8 @@
 #                                                   # at batch 32 and 60, then the 7B step's kivi2 and kivi4 rows
 #   bash benchmarks/kernel_experiments.sh profile_small  # (s37) the 7B step at 60 x 5, kernel by kernel
 #   bash benchmarks/kernel_experiments.sh headline  # (s38) issue 6's 32 x 100 row, every method but C
-#   bash benchmarks/kernel_experiments.sh two_splits  # (s38) 2 splits a pair at batch 60 (a CTA two pairs' splits)
+#   bash benchmarks/kernel_experiments.sh two_splits  # (s38) 2 splits a pair at batch 60 (the default since s38)
+#   bash benchmarks/kernel_experiments.sh h200_s38  # (s38) issue 6's 32 x 100 and 60 x 5 rows, issue 5's 32k rows
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -173,16 +174,25 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 345 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas --methods fp16 windowquant kivi2 rtn2 kivi4 rtn4 A B --out "$out" --budget-s 320 \
       --tag ${tag}_headline || echo "(stopped: headline)" ;;
-  two_splits)  # (s38) 2 splits a pair where one wave holds them (a CTA's warpgroups two pairs' splits) against the
-               # default's 4: the 7B step at 60 x 5, then one layer at batch 60 x 1k and 60 x 32k (all-INT2 pools)
+  h200_s38)  # (s38) the bars' rows on an H200 with today's defaults (2 splits at batch 60 since s38): issue 6's
+             # 32 x 100 and 60 x 5, every method but C, then issue 5's batch 60 and 8 x 32k (as `bars`)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 340 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
+      --attention pallas --methods fp16 windowquant kivi2 rtn2 kivi4 rtn4 A B --out "$out" --budget-s 310 \
+      --tag ${tag}_all || echo "(stopped: h200_s38, steps)"
+    timeout 100 python benchmarks/decode_attention.py --tokens 32768 --plans mix --inner 1 --gpu-time --out "$out" \
+      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --batches 8,60 \
+      --back-to-back 32 --tag ${tag}_bars || echo "(stopped: h200_s38, bars)" ;;
+  two_splits)  # (s38, run on an H100 before the change, when 2 splits were "pallas:mosaic_two_splits" and 4 the
+               # default) 2 splits a pair where one wave holds them (a CTA's warpgroups two pairs' splits): since
+               # s38 the default, 4 now "pallas:mosaic_four_splits"; the 7B step at 60 x 5, one layer at batch 60
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 270 python -m benchmarks.decode_throughput --settings 60x5 \
-      --attention pallas pallas:mosaic_two_splits --methods windowquant kivi2 --out "$out" --budget-s 250 \
+      --attention pallas pallas:mosaic_four_splits --methods windowquant kivi2 --out "$out" --budget-s 250 \
       --tag ${tag}_two_splits || echo "(stopped: two_splits, step)"
     for tokens in 1024 32768; do
       timeout 130 python benchmarks/decode_attention.py --variant-shape 60,$tokens --variant-plans int2 --no-sweep \
-        --variants default,mosaic_two_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_$tokens \
+        --variants default,mosaic_four_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_$tokens \
         --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: $tokens)"
     done ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits" >&2
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38" >&2
      exit 2 ;;
 esac

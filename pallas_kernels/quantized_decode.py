@@ -336,12 +336,16 @@ MOSAIC_KIVI_SCALED_P = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_
 # What the default runs for large launches since s37: MOSAIC_LEAN_EIGHT with KIVI's INT2 pools' values from
 # registers (where they won, above); KIVI's INT4 pools keep the shared-memory path (1.4 % slower at 60 x 5 the
 # other way, untimed at 32 x 100).
-MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,))
-# (s38) That, with 2 splits a pair where one wave of CTAs holds them (pairs >= 176 on an H200: batch >= 44), a CTA's
-# four warpgroups then the splits of two pairs: at 60 x 5 frames (a layer's pools ~1k tokens) the default's 4
-# splits are 1.8 waves of 4-step programs (the Mosaic kernel 27 µs a layer on an H100, 0.5 TB/s).
-MOSAIC_TWO_SPLITS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_min_splits=2)
-# What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 37, MOSAIC_LEAN_EIGHT in
+# Since s38 with 2 splits a pair where one wave of CTAs holds them (pairs >= 176 on an H200 or H100: batch >= 44),
+# a CTA's four warpgroups then the splits of two pairs (`mosaic_int2.int2_decode`): at 60 x 5 frames (a layer's
+# pools ~1k tokens) 4 splits were 1.8 waves of 4-step programs (the Mosaic kernel 27 µs a layer on an H100,
+# 0.5 TB/s). H100, one run each (`decode_throughput_*_s38_two_splits_h100.md`, `s38_two_splits_*_h100.md`): the 7B
+# step at 60 x 5 windowquant 6.698 ms against 6.806, kivi2 6.793 against 6.955; one layer at batch 60, all-INT2
+# pools, GPU span 39.5 µs against 46.0 at 1k tokens, 353.6 against 361.7 at 32k.
+MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,), mosaic_min_splits=2)
+MOSAIC_FOUR_SPLITS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_min_splits=4)  # s37's default: 4 splits at least
+# What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 38 (MOSAIC_FOUR_SPLITS in
+# s37), MOSAIC_LEAN_EIGHT in
 # s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before it
 # MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
 # against 10.13, kivi2 9.04 against 12.94, kivi4 9.58 against 10.32, `decode_throughput_*_s28_lean_all_gpu.md`),
@@ -976,7 +980,8 @@ def mosaic_splits(pairs: int, steps: int, config: DecodeConfig) -> int:
   `mosaic_int2_s21_run2_h200.md`): batch 8 12 splits (one wave) 94 µs, 8 splits 101; batch 32 8 splits (2.6
   waves) 317 µs, 3 (one wave) 325; batch 60 8 splits 578 µs, 12 583, 3 632. With four programs an SM (the
   large-batch kernel, 19,968 tokens, `mosaic_int2_s25_splits_h200.md`) 4 splits won: batch 32 154 µs against
-  162 at 8 and 169 at 12, batch 60 300 against 313, so `LARGE_BATCH_MOSAIC` starts at 4."""
+  162 at 8 and 169 at 12, batch 60 300 against 313, so `LARGE_BATCH_MOSAIC` started at 4; since s38 at 2, which
+  only pairs that fill a wave at 2 take (batch >= 44 of 4 KV heads), a CTA's four programs two pairs' splits."""
   slots = _multiprocessors(config) * config.mosaic_programs_per_multiprocessor
   limit = max(1, min(steps, 64))
   for j in range(min(max(config.mosaic_min_splits, slots // pairs), limit), limit + 1):

@@ -42,8 +42,9 @@
                                           on an H100, s35)
     "pallas:mosaic_wg4_kivi_scaled_p"  lean_eight with KIVI's INT2 and INT4 values from registers, P times a
                                        token's scale (s37, H100: kivi2's step at 32 x 100 4.6 % faster)
-    "pallas:mosaic_two_splits"  the default's kernels with 2 splits a pair where one wave holds them (batch >= 44),
-                                a CTA's four warpgroups two pairs' splits (s38, for 60 x 5's short pools)
+    "pallas:mosaic_four_splits"  the default's kernels with 4 splits a pair at least, a CTA's four warpgroups one
+                                 pair's (the default until s37; since s38 2 splits where one wave holds them, batch
+                                 >= 44: 60 x 5's step 1.6-2.3 % faster on an H100)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
     "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)
@@ -128,4 +129,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_wg4_lean_eight", quantized_decode.MOSAIC_LEAN_EIGHT)
   register_variant("pallas:mosaic_wg4_lean_eight_vldsm", quantized_decode.MOSAIC_LEAN_EIGHT_VLDSM)
   register_variant("pallas:mosaic_wg4_kivi_scaled_p", quantized_decode.MOSAIC_KIVI_SCALED_P)
-  register_variant("pallas:mosaic_two_splits", quantized_decode.MOSAIC_TWO_SPLITS)
+  register_variant("pallas:mosaic_four_splits", quantized_decode.MOSAIC_FOUR_SPLITS)

@@ -651,7 +651,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 ftz=qd.MOSAIC_FOUR_WARPGROUPS_FTZ, ftz_block2=qd.MOSAIC_FOUR_WARPGROUPS_FTZ_BLOCK2,
                 vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, lean_eight=qd.MOSAIC_LEAN_EIGHT,
                 # one SM of 4 programs: its 4 pairs take 2 splits, two pairs a CTA
-                two_splits=dataclasses.replace(qd.MOSAIC_TWO_SPLITS, multiprocessors=1))[variant]
+                two_splits=dataclasses.replace(qd.MOSAIC_DEFAULT, multiprocessors=1))[variant]
   if variant == "two_splits":
     assert qd.mosaic_splits(b * kh, 3, config) == 2
   pool_tokens = tuple(w * window for w in slice_windows)

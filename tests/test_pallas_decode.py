@@ -161,9 +161,12 @@ def test_large_launches_take_the_mosaic_kernel():
   assert dict(big.mosaic_options)["eight_column_softmax"]
   assert big.mosaic_programs_per_multiprocessor == 4 and big.fused_combine  # the two sets merged in one launch
   assert dataclasses.replace(big, mosaic_min_pairs=128) == qd.MOSAIC_DEFAULT
-  assert qd.MOSAIC_DEFAULT == dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,))
+  assert qd.MOSAIC_DEFAULT == dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,),
+                                                  mosaic_min_splits=2)
   if qd._multiprocessors(big) == 132:  # an H200's (or a CPU's stand-in): 4 x 132 slots hold 128 pairs x 4 splits
     assert qd.mosaic_splits(128, 306, big) == 4 and qd.mosaic_splits(128, 306, qd.MOSAIC_FOUR_WARPGROUPS) == 8
+    # since s38: batch 60's 240 pairs at 2 splits (a CTA two pairs' splits), 4 before
+    assert qd.mosaic_splits(240, 15, big) == 2 and qd.mosaic_splits(240, 15, qd.MOSAIC_FOUR_SPLITS) == 4
   assert dataclasses.replace(big, int2_mosaic=False, mosaic_min_pairs=128,
                              **{k: getattr(default, k) for k in qd.LARGE_BATCH_MOSAIC}) == default
   short = default.mosaic_min_pool_tokens - 32
