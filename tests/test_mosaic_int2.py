@@ -265,6 +265,24 @@ def test_lowers_for_cuda(options):
   assert ("uses_pdl" in text) == options.get("grid_dependency_wait", False)
 
 
+@pytest.mark.parametrize("scale", [1e-6, 0.3, 1e5])  # f16's subnormals, q's range, past f16's largest
+@pytest.mark.parametrize("part_scaled,bits", [(True, 2), (True, 4), (False, 2)])
+def test_query_operands_are_q_transposed_twice_in_f16(scale, part_scaled, bits):
+  """Column c of q^T is head c % 8 (zero past the group), times (2^bits)^-p on part p's rows: as numpy rounds
+  the product to f16 (the sum in f16 keeps it: one term is not zero; inf stays inf, no NaN)."""
+  q = (np.random.default_rng(3).normal(size=(3, 7, mi.HEAD_DIM)) * scale).astype(np.float32)
+  part = np.arange(mi.HEAD_DIM) // (mi.HEAD_DIM * bits // 8)
+  scaled = q * ((2.0 ** bits) ** -part if part_scaled else 1.0)
+  want = np.zeros((3, mi.HEAD_DIM, mi.COLUMNS), np.float16)
+  with np.errstate(over="ignore"):  # 1e5 rounds to inf, on purpose
+    for c in range(mi.COLUMNS):
+      if c % 8 < 7:
+        want[:, :, c] = scaled[:, c % 8].astype(np.float16)
+  got = np.asarray(mi.query_operands(q, part_scaled=part_scaled, bits=bits))
+  assert got.dtype == np.float16
+  np.testing.assert_array_equal(got, want)
+
+
 def test_thread_order_puts_a_threads_pairs_together():
   """`thread_order` is its own inverse, and at f16 32p + 8l + 2g + e it puts channel 32p + 8g + 2l + e: the
   pairs of part p that lane l % 4 = l needs (column groups g = 0..3 of the WGMMA layout) in 16 bytes."""
