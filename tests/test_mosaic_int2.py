@@ -269,7 +269,7 @@ def test_lowers_for_cuda(options):
 @pytest.mark.parametrize("part_scaled,bits", [(True, 2), (True, 4), (False, 2)])
 def test_query_operands_are_q_transposed_twice_in_f16(scale, part_scaled, bits):
   """Column c of q^T is head c % 8 (zero past the group), times (2^bits)^-p on part p's rows: as numpy rounds
-  the product to f16 (the sum in f16 keeps it: one term is not zero; inf stays inf, no NaN)."""
+  the product to f16 (subnormals kept; past f16's range inf, and no NaN in the other columns)."""
   q = (np.random.default_rng(3).normal(size=(3, 7, mi.HEAD_DIM)) * scale).astype(np.float32)
   part = np.arange(mi.HEAD_DIM) // (mi.HEAD_DIM * bits // 8)
   scaled = q * ((2.0 ** bits) ** -part if part_scaled else 1.0)
