@@ -38,6 +38,7 @@
 #   bash benchmarks/kernel_experiments.sh headline  # (s38) issue 6's 32 x 100 row, every method but C
 #   bash benchmarks/kernel_experiments.sh two_splits  # (s38) 2 splits a pair at batch 60 (the default since s38)
 #   bash benchmarks/kernel_experiments.sh h200_s38  # (s38) issue 6's 32 x 100 and 60 x 5 rows, issue 5's 32k rows
+#   bash benchmarks/kernel_experiments.sh paired    # (s38, untimed) two steps under one softmax: kernels, 32k, step
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -182,6 +183,17 @@ case "${1:-}" in
     timeout 100 python benchmarks/decode_attention.py --tokens 32768 --plans mix --inner 1 --gpu-time --out "$out" \
       --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --batches 8,60 \
       --back-to-back 32 --tag ${tag}_bars || echo "(stopped: h200_s38, bars)" ;;
+  paired)  # (s38, for the next device) `paired_steps`: a block's two steps under one softmax (793 SASS a 128 keys
+           # offline against 2 x 459): the INT2 kernel at batch 32 and 60 (float64 checks first), issue 5's batch
+           # 60 x 32k (mix, int2), then the 7B step at 32 x 100 (issue 6's 80 %: windowquant, fp16 beside)
+    bench --batches 32 60 --variants wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_paired \
+      --tag mosaic_int2_${tag}_paired || echo "(stopped: paired, INT2 kernels)"
+    timeout 130 python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
+      --variants default,mosaic_paired --inner 1 --back-to-back 32 --gpu-time --out "$out" --tag ${tag}_b60_paired \
+      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: paired, b60)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_paired --methods fp16 windowquant --out "$out" --budget-s 260 \
+      --tag ${tag}_paired || echo "(stopped: paired, step)" ;;
   two_splits)  # (s38, run on an H100 before the change, when 2 splits were "pallas:mosaic_two_splits" and 4 the
                # default) 2 splits a pair where one wave holds them (a CTA's warpgroups two pairs' splits): since
                # s38 the default, 4 now "pallas:mosaic_four_splits"; the 7B step at 60 x 5, one layer at batch 60
@@ -193,6 +205,6 @@ case "${1:-}" in
         --variants default,mosaic_four_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_$tokens \
         --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: $tokens)"
     done ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38" >&2
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38|paired" >&2
      exit 2 ;;
 esac

@@ -1093,7 +1093,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 metadata_in_thread_order: bool = False, values_in_registers: bool = False,
                 fetch_by_one_warp: bool = False, permuted_keys: bool = False, values_per_token: bool = False,
                 folded_minimums: bool = False, eight_column_softmax: bool = False, values_by_ldmatrix: bool = False,
-                token_scaled_p: bool = False, max_windows: int | None = None, range_params=None):
+                token_scaled_p: bool = False, paired_steps: bool = False, max_windows: int | None = None,
+                range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1127,8 +1128,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   them all; with 2 and `defer_values_wgmma`, the V and P buffers' slots are static; with four warpgroups
   slower, s25: ptxas spills); `warpgroups`: programs (warpgroups) a CTA, each with its own
   buffers and a pipeline written out by hand: splits of one pair, or where `splits` divides `warpgroups`,
-  every split of warpgroups / splits pairs (N a multiple of that). Four make a CTA of 512 threads, for which ptxas must fit 128
-  registers a thread (session 20's PTX: 145 registers, 128 with 36 bytes of spills), so that an SM holds 4
+  every split of warpgroups / splits pairs (N a multiple of that). Four make a CTA of 512 threads, for which
+  ptxas must fit 128 registers a thread (session 20's PTX: 145 registers, 128 with 36 bytes of spills), so that an SM holds 4
   programs, not 3; not with `defer_values_wgmma` (its second V buffer would not fit 4 times),
   `bias_in_kernel` or `keys_in_smem`. Wrong on the H200 in session 22: Pallas' cross-warp reductions all
   use one scratch buffer, which the CTA's warpgroups shared; its reductions now go through a scratch a
@@ -1195,6 +1196,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   per-code loads bounded KIVI's kernel (~20 % behind INT2's, s28); H100, s37: 112.9 µs against 129.7 at batch
   32 x 19,968, 220.9 against 254.6 at 60 (`mosaic_kivi_s37_h100.md`).
 
+  `paired_steps` (with `steps_per_block=2`, `eight_column_softmax`, `in_place_values`, `values_in_registers`):
+  a block's two steps under one softmax, 128 keys a vote, barrier and branch: both score wgmmas (each waited
+  for before the next step's keys are unpacked: both in flight spilled), P of each into its own buffer, and the
+  two V wgmmas (the first waited for before the second's V^T: both in flight spilled). Offline (s38) 793 SASS
+  in the INT2 main loop a block against 2 x 459, 128 registers, no spills; untimed.
+
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
   window in k_bias (`range_bias`). The ceil(count / 2) steps, in blocks of `steps_per_block`, are shared
@@ -1235,6 +1242,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                              and not (defer_values_wgmma or values_scaled_after or bias_in_kernel)):
     raise ValueError("token_scaled_p: KIVI's values (values_per_token) with eight_column_softmax and "
                      "in_place_values, not with defer_values_wgmma, values_scaled_after or bias_in_kernel")
+  if paired_steps and not (steps_per_block == 2 and eight_column_softmax and in_place_values and values_in_registers
+                           and not (token_scaled_p or values_per_token or defer_values_wgmma)):
+    raise ValueError("paired_steps: a block's two steps under one softmax, with steps_per_block=2, "
+                     "eight_column_softmax, in_place_values and values_in_registers (not KIVI's values)")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1525,6 +1536,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         (kc_s, ks_s, vc_s, vs_s, vm_s, carry), kb_s = refs, None
       else:
         kc_s, ks_s, kb_s, vc_s, vs_s, vm_s, carry = refs
+      if paired_steps:  # both steps' refs, one softmax
+        sizes = ((kc_s, STEP), (ks_s, 2), (kb_s, 2), (vc_s, STEP), (vs_s, value_rows), (vm_s, value_rows))
+        return paired_step(indices[0], [tuple(ref.at[pl.ds(n * i, n)] for ref, n in sizes) for i in range(2)], carry)
       for i in range(spb):
         rows = lambda ref, n: ref.at[pl.ds(n * i, n)]
         index = indices[0] * spb + i  # the step's, in the split
@@ -1636,6 +1650,66 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         acc = acc + pl.run_scoped(attend_tiles, *(plgpu.ACC((STEP, COLUMNS), jnp.float32) for _ in range(2)))
       else:
         acc = acc + pl.run_scoped(attend, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
+      return acc, m_new, l_rows, e
+
+    def paired_step(block, steps, carry):  # `paired_steps`: 128 keys (two steps' refs) under one softmax
+      acc, m_run, l_rows, e = carry
+      if in_place:  # the previous block's V wgmmas have read both P buffers
+        plgpu.wgmma_wait(0)
+
+      def scores(*accumulators):
+        for (kc_s, ks_s, kb_s, *_), s_acc in zip(steps, accumulators):
+          keys = dequantized_keys(kc_s, ks_s, kb_s)
+          for part in range(parts):
+            plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(width * part, width)])
+          plgpu.wgmma_wait(0)  # the keys' registers free before the next step's (both in flight spill)
+        return tuple(s_acc[...][:, :soft] for s_acc in accumulators)
+      tiles = pl.run_scoped(scores, *(plgpu.ACC((STEP, COLUMNS), jnp.float32) for _ in range(2)))
+      if ranged:  # a range masks past its count
+        tiles = [jnp.where(row_window < count - (first_window + 2 * (2 * block + i)), x, _NEG)
+                 for i, x in enumerate(tiles)]
+      highest = jnp.maximum(tiles[0], tiles[1])  # one vote and one barrier for both steps
+      limit = lax.broadcast_in_dim(m_run + LAG_MARGIN, highest.shape, [1])
+      p = [jnp.exp2(x - lax.broadcast_in_dim(m_run, x.shape, [1])) for x in tiles]
+      for i in range(2):
+        store_p(p_slots.at[i], p[i], None)
+      votes = vote_slots.at[lax.rem(block, 2)]
+      if interpret is None:
+        _vote_by_warp(highest, limit, votes)
+        plgpu.commit_smem()
+        over = (votes[0] | votes[1] | votes[2] | votes[3]) != 0
+      else:
+        over = jnp.any(highest > limit)
+        plgpu.commit_smem()
+
+      def reduce_and_redo():
+        m_new = jnp.maximum(m_run, column_max(highest))
+        alpha = jnp.exp2(m_run - m_new)
+        if rescale_on_vote:  # the accumulator's last wgmma was waited for at the block's start
+          rescale_accumulator(alpha)
+        p_new = [jnp.exp2(x - lax.broadcast_in_dim(m_new, x.shape, [1])) for x in tiles]
+        for i in range(2):
+          store_p(p_slots.at[i], p_new[i], None)
+        plgpu.commit_smem()
+        return m_new, *p_new, alpha
+      unchanged = plgpu.layout_cast(jnp.ones((soft,), jnp.float32), layout.WGMMA.reduce(0))
+      m_new, p0, p1, alpha = lax.cond(over, reduce_and_redo, lambda: (m_run, *p, unchanged))
+      l_rows = l_rows * lax.broadcast_in_dim(alpha, p0.shape, [1]) + p0 + p1
+      if not in_place:  # the interpret mode: O^T rescaled, then each step's product added
+        acc = acc * wide_alpha(alpha)
+
+      def attend(o_acc, p_s):
+        plgpu.wgmma(o_acc, v_slots.at[0].transpose((1, 0)), p_s)
+        plgpu.wgmma_wait(0)
+        return o_acc[...]
+      for i, (*_, vc_s, vs_s, vm_s) in enumerate(steps):
+        if in_place:  # the second waited for at the next block's start
+          if i:  # the first step's V^T registers free first
+            plgpu.wgmma_wait(0)
+          values_wgmma(o_acc, transposed_values_of(vc_s, vs_s, vm_s), p_slots.at[i])
+        else:
+          dequantize_values(vc_s, vs_s, vm_s, v_slots.at[0])
+          acc = acc + pl.run_scoped(lambda o: attend(o, p_slots.at[i]), plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
       return acc, m_new, l_rows, e
 
     def values_wgmma(accumulator, v_operand, p_s):  # O^T += V^T P (`token_scaled_p`: a tile against its own B)
@@ -1797,7 +1871,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   values_shape = (8, 64) if register_values else (STEP, HEAD_DIM)
   scratch = [smem((*per_group, HEAD_DIM, COLUMNS), jnp.float16, 32),
              smem((*per_group, slots, *values_shape), jnp.float16, None if register_values else 32),
-             smem((*per_group, 2 if token_scaled_p else slots, STEP, COLUMNS), jnp.float16, 32),
+             smem((*per_group, 2 if token_scaled_p or paired_steps else slots, STEP, COLUMNS), jnp.float16, 32),
              smem((max(bias_rows, 8), COLUMNS), jnp.float32),
              smem((*per_group, 2, 4), jnp.int32),  # `lagged_max`: the 4 warps' votes, two steps' slots
              plgpu.Barrier(num_arrivals=1, num_barriers=groups)]
@@ -2013,6 +2087,12 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "wg4_large_batch_ftz_lean_folded_eight_vldsm": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
                                                         fetch_by_one_warp=True, folded_minimums=True,
                                                         eight_column_softmax=True, values_by_ldmatrix=True),
+    # lean_folded_eight, a block of two steps under one softmax (`paired_steps`: one vote, one barrier and one
+    # branch a 128 keys; offline 793 SASS in the main loop a 128 keys against 2 x 459, no spills; s38, untimed)
+    "wg4_large_batch_ftz_lean_folded_eight_paired": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
+                                                         fetch_by_one_warp=True, folded_minimums=True,
+                                                         eight_column_softmax=True, steps_per_block=2,
+                                                         paired_steps=True),
     # INT4 pools as the large-batch configurations take them (`quantized_decode.pool_options`: no permuted keys),
     # and that with V's codes by `ldmatrix.trans` (s35)
     "wg4_large_batch_ftz_int4_eight": dict(_LARGE_BATCH, values_in_registers=True, fetch_by_one_warp=True,

@@ -344,6 +344,11 @@ MOSAIC_KIVI_SCALED_P = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_
 # pools, GPU span 39.5 µs against 46.0 at 1k tokens, 353.6 against 361.7 at 32k.
 MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,), mosaic_min_splits=2)
 MOSAIC_FOUR_SPLITS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_min_splits=4)  # s37's default: 4 splits at least
+# (s38, untimed) The default with a block of two steps under one softmax for INT2 pools (`mosaic_int2`'s
+# `paired_steps`: one vote, barrier and branch a 128 keys; offline 793 SASS in the main loop a 128 keys against
+# 2 x 459, no spills, `results/mosaic_sass_s38_paired.md`); INT4's and KIVI's pools keep a softmax a step.
+MOSAIC_PAIRED = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
+    mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"].items()))
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 38 (MOSAIC_FOUR_SPLITS in
 # s37), MOSAIC_LEAN_EIGHT in
 # s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before it
@@ -930,6 +935,10 @@ def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool 
   registers, and folding the keys alone made ptxas spill: 593 SASS in the main loop either way, offline, s30),
   as without `values_by_ldmatrix`. `kivi_token_scaled`: KIVI's values from registers (`token_scaled_p`)."""
   options = kivi_options(options) if kivi else dict(options)
+  # `paired_steps` is INT2's windows' (KIVI's values are not in registers; INT4's two-step blocks need 241 KB of
+  # shared memory a CTA of four warpgroups, over 227): the others a softmax a step
+  if (kivi or bits != 2) and options.pop("paired_steps", False):
+    options["steps_per_block"] = 1
   if bits != 2 and (kivi or not int4_permuted_keys):
     options["permuted_keys"] = False
   if kivi:  # KIVI's values go through shared memory, or (`token_scaled_p`) scale P

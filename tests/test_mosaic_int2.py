@@ -147,6 +147,35 @@ def test_a_ctas_warpgroups_take_several_pairs(interpret, splits, first, count, w
   np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, q.shape[1])), want, atol=2e-3, rtol=0)
 
 
+@pytest.mark.parametrize("bits,warpgroups,splits,first,count,windows", [
+    (2, 4, 4, None, None, None), (2, 4, 4, 3, 29, 32), (2, 1, 2, 5, 7, 12), (2, 4, 2, 0, 3, 4), (4, 1, 2, 3, 29, 32)])
+def test_paired_steps_share_one_softmax(interpret, bits, warpgroups, splits, first, count, windows):
+  """`paired_steps`: a block's two 64-key steps under one softmax (one vote a block); the whole pool, ranges whose
+  last block ends mid-step or mid-window, one and four warpgroups, INT2 (and INT4, which the configurations give
+  it not: its blocks of four warpgroups exceed shared memory), against float64."""
+  q, kc, ks, km, vc, vs, vm = random_case(13, 4, 32 * mi.WINDOW, 7, bits)
+  options = dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"], warpgroups=warpgroups,
+                 overlap_values=warpgroups == 1, fetch_by_one_warp=warpgroups > 1, permuted_keys=bits == 2)
+  if first is None:
+    out = np.asarray(mi.attend(q, kc, ks, km, vc, vs, vm, splits=splits, interpret=interpret,
+                               options=tuple(options.items())))
+    np.testing.assert_allclose(out, mi.reference(q, kc, ks, km, vc, vs, vm), atol=2e-3, rtol=0)
+    return
+  o_t, m, l = mi.range_partials(q, kc, ks, km, vc, vs, vm, first, count, windows=windows, splits=splits,
+                                interpret=interpret, **options)
+  tokens, windows_ = slice(first * mi.WINDOW, (first + count) * mi.WINDOW), slice(first, first + count)
+  want = mi.reference(q, kc[:, tokens], ks[:, windows_], km[:, windows_], vc[:, tokens], vs[:, windows_],
+                      vm[:, windows_])
+  np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, q.shape[1])), want, atol=2e-3, rtol=0)
+
+
+def test_paired_steps_are_refused_where_they_cannot_go():
+  q, kc, ks, km, vc, vs, vm = random_case(14, 4, 4 * mi.WINDOW, 7)
+  options = dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"], steps_per_block=1)
+  with pytest.raises(ValueError, match="paired_steps"):
+    mi.attend(q, kc, ks, km, vc, vs, vm, splits=2, interpret=mi.interpret_params(), options=tuple(options.items()))
+
+
 def test_pairs_that_cannot_share_a_cta_are_refused():
   """Two splits of four warpgroups put two pairs in a CTA: three pairs cannot be split so."""
   q, kc, ks, km, vc, vs, vm = random_case(12, 3, 4 * mi.WINDOW, 7)
@@ -244,8 +273,9 @@ def test_splits_and_window_parities_merge(interpret):
                                           values_per_token=True, values_in_registers=False, folded_minimums=False),
                                      *(dict(mi.VARIANTS["wg4_large_batch_ftz_kivi"], ranged=ranged, bits=bits)
                                        for ranged in (False, True) for bits in (2, 4)),  # KIVI's values, s27
-                                     # s38: two pairs' splits a CTA
-                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"], ranged=True, splits=2)])
+                                     # s38: two pairs' splits a CTA; two steps under one softmax
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"], ranged=True, splits=2),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"], ranged=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
@@ -633,7 +663,7 @@ def test_bad_shapes_are_refused():
 # magic exponents, ldmatrix, registers for V^T) are held to their lowering for CUDA instead.
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
                                      "int2_int4", "merged", "values_after", "ftz", "ftz_block2", "vregs_int4",
-                                     "lean_eight", "two_splits"])
+                                     "lean_eight", "two_splits", "paired"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -669,7 +699,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 ftz=qd.MOSAIC_FOUR_WARPGROUPS_FTZ, ftz_block2=qd.MOSAIC_FOUR_WARPGROUPS_FTZ_BLOCK2,
                 vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, lean_eight=qd.MOSAIC_LEAN_EIGHT,
                 # one SM of 4 programs: its 4 pairs take 2 splits, two pairs a CTA
-                two_splits=dataclasses.replace(qd.MOSAIC_DEFAULT, multiprocessors=1))[variant]
+                two_splits=dataclasses.replace(qd.MOSAIC_DEFAULT, multiprocessors=1),
+                paired=qd.MOSAIC_PAIRED)[variant]  # INT2's blocks of two steps, INT4's a step
   if variant == "two_splits":
     assert qd.mosaic_splits(b * kh, 3, config) == 2
   pool_tokens = tuple(w * window for w in slice_windows)

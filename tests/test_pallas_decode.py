@@ -204,6 +204,11 @@ def test_pool_options_keep_permuted_keys_to_int2():
   by_ldmatrix = dict(qd.MOSAIC_LEAN_EIGHT_VLDSM.mosaic_options)  # V's codes by ldmatrix: windows' pools (s35)
   assert all(qd.pool_options(by_ldmatrix, bits, kivi=False)["values_by_ldmatrix"] for bits in (2, 4))
   assert not any(qd.pool_options(by_ldmatrix, bits, kivi=True).get("values_by_ldmatrix") for bits in (2, 4))
+  paired = dict(qd.MOSAIC_PAIRED.mosaic_options)  # two steps under one softmax (s38): INT2 windows' pools only
+  assert qd.pool_options(paired, 2, kivi=False) == paired and paired["steps_per_block"] == 2
+  for bits, kivi in ((4, False), (2, True), (4, True)):
+    options = qd.pool_options(paired, bits, kivi=kivi)
+    assert "paired_steps" not in options and options["steps_per_block"] == 1
 
 
 def test_registered_as_pallas_on_a_bf16_cache():
