@@ -1607,7 +1607,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 for w in range(2)]  # columns 0-7 from the first window's row, 8-15 from the second's
         s = jnp.where(own_window, s + jnp.where(first_half, bias[0], bias[1]), _NEG)
       if lagged_max:  # P against the agreed maximum, stored with the warps' votes before P's barrier
-        m_new, p, alpha, e = lagged_softmax(s, m_run, p_s, vote_slots.at[lax.rem(index, 2)], vs_s, e)
+        m_new, (p,), alpha, e = lagged_softmax((s,), m_run, (p_s,), vote_slots.at[lax.rem(index, 2)], vs_s, e)
       else:
         m_new = jnp.maximum(m_run, column_max(s))
         p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
@@ -1668,32 +1668,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       if ranged:  # a range masks past its count
         tiles = [jnp.where(row_window < count - (first_window + 2 * (2 * block + i)), x, _NEG)
                  for i, x in enumerate(tiles)]
-      highest = jnp.maximum(tiles[0], tiles[1])  # one vote and one barrier for both steps
-      limit = lax.broadcast_in_dim(m_run + LAG_MARGIN, highest.shape, [1])
-      p = [jnp.exp2(x - lax.broadcast_in_dim(m_run, x.shape, [1])) for x in tiles]
-      for i in range(2):
-        store_p(p_slots.at[i], p[i], None)
-      votes = vote_slots.at[lax.rem(block, 2)]
-      if interpret is None:
-        _vote_by_warp(highest, limit, votes)
-        plgpu.commit_smem()
-        over = (votes[0] | votes[1] | votes[2] | votes[3]) != 0
-      else:
-        over = jnp.any(highest > limit)
-        plgpu.commit_smem()
-
-      def reduce_and_redo():
-        m_new = jnp.maximum(m_run, column_max(highest))
-        alpha = jnp.exp2(m_run - m_new)
-        if rescale_on_vote:  # the accumulator's last wgmma was waited for at the block's start
-          rescale_accumulator(alpha)
-        p_new = [jnp.exp2(x - lax.broadcast_in_dim(m_new, x.shape, [1])) for x in tiles]
-        for i in range(2):
-          store_p(p_slots.at[i], p_new[i], None)
-        plgpu.commit_smem()
-        return m_new, *p_new, alpha
-      unchanged = plgpu.layout_cast(jnp.ones((soft,), jnp.float32), layout.WGMMA.reduce(0))
-      m_new, p0, p1, alpha = lax.cond(over, reduce_and_redo, lambda: (m_run, *p, unchanged))
+      m_new, (p0, p1), alpha, e = lagged_softmax(tiles, m_run, (p_slots.at[0], p_slots.at[1]),
+                                                 vote_slots.at[lax.rem(block, 2)], None, e)  # one vote, one barrier
       l_rows = l_rows * lax.broadcast_in_dim(alpha, p0.shape, [1]) + p0 + p1
       if not in_place:  # the interpret mode: O^T rescaled, then each step's product added
         acc = acc * wide_alpha(alpha)
@@ -1723,28 +1699,34 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       for tile in (o_acc if token_scaled_p else (o_acc,)):
         tile[...] = tile[...] * wide_alpha(alpha, tile.shape[0])
 
-    def lagged_softmax(s, m_run, p_s, votes, vs_s, e):
-      """(maximum, P, the factor alpha on what came before) of a step's scores s: P = 2^(s - m_run) and alpha 1
-      where no score exceeds m_run by more than LAG_MARGIN, else (a uniform branch) the true running maximum, P
-      against it and 2^(m_run - maximum). P is in p_s, fenced."""
-      limit = lax.broadcast_in_dim(m_run + LAG_MARGIN, s.shape, [1])
-      p = jnp.exp2(s - lax.broadcast_in_dim(m_run, s.shape, [1]))
-      store_p(p_s, p, vs_s)
+    def lagged_softmax(tiles, m_run, p_refs, votes, vs_s, e):
+      """(maximum, P of each tile, the factor alpha on what came before) of a step's scores (`paired_steps`: a
+      block's two steps' tiles under one vote): P = 2^(s - m_run) and alpha 1 where no score exceeds m_run by more
+      than LAG_MARGIN, else (a uniform branch) the true running maximum, P against it and 2^(m_run - maximum).
+      P is in p_refs, fenced."""
+      highest = tiles[0] if len(tiles) == 1 else jnp.maximum(*tiles)
+      limit = lax.broadcast_in_dim(m_run + LAG_MARGIN, highest.shape, [1])
+
+      def probabilities(m):  # each tile's P against m, stored
+        p = tuple(jnp.exp2(s - lax.broadcast_in_dim(m, s.shape, [1])) for s in tiles)
+        for p_s, x in zip(p_refs, p):
+          store_p(p_s, x, vs_s)
+        return p
+      p = probabilities(m_run)
       if interpret is None:  # each warp's vote in shared memory; P's barrier publishes both
-        _vote_by_warp(s, limit, votes)
+        _vote_by_warp(highest, limit, votes)
         plgpu.commit_smem()
         over = (votes[0] | votes[1] | votes[2] | votes[3]) != 0
       else:  # the interpret mode runs the warpgroup as one: its own reduction
-        over = jnp.any(s > limit)
+        over = jnp.any(highest > limit)
         plgpu.commit_smem()
 
       def reduce_and_redo():
-        m_new = jnp.maximum(m_run, column_max(s))
+        m_new = jnp.maximum(m_run, column_max(highest))
         alpha = jnp.exp2(m_run - m_new)
-        if rescale_on_vote:  # the accumulator's last wgmma was waited for at the step's start
+        if rescale_on_vote:  # the accumulator's last wgmma was waited for at the step's (block's) start
           rescale_accumulator(alpha)
-        p_new = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
-        store_p(p_s, p_new, vs_s)
+        p_new = probabilities(m_new)
         plgpu.commit_smem()
         return m_new, p_new, alpha, rescaled_terms(e, alpha) if token_scaled_p else e
       # No vote: alpha is 1, not 2^(m_run - m_run) (s25 SASS: 20 instructions a step went to that)

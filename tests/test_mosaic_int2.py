@@ -33,6 +33,19 @@ def random_case(seed, pairs, tokens, groups, bits=2):
   return q, codes(), scale(), minimum(), codes(), scale(), minimum()
 
 
+def assert_range_matches(case, first, count, windows, splits, interpret, options):
+  """`range_partials` over windows [first, first + count) of the case's pool, merged, against float64 on that
+  slice; returns its o_t."""
+  q, kc, ks, km, vc, vs, vm = case
+  o_t, m, l = mi.range_partials(q, kc, ks, km, vc, vs, vm, first, count, windows=windows, splits=splits,
+                                interpret=interpret, **options)
+  tokens, windows_ = slice(first * mi.WINDOW, (first + count) * mi.WINDOW), slice(first, first + count)
+  want = mi.reference(q, kc[:, tokens], ks[:, windows_], km[:, windows_], vc[:, tokens], vs[:, windows_],
+                      vm[:, windows_])
+  np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, q.shape[1])), want, atol=2e-3, rtol=0)
+  return o_t
+
+
 @pytest.mark.parametrize("seed,pairs,tokens,groups,splits", [
     (0, 3, 256, 7, 2),  # Qwen2-7B's GQA group, two splits of two steps
     (1, 2, 128, 8, 1),  # a full 8-head group, one split
@@ -117,13 +130,7 @@ def test_four_warpgroups_a_cta(interpret, first, count, windows, faster):
     out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(options.items())))
     np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
     return
-  q, kc, ks, km, vc, vs, vm = case
-  o_t, m, l = mi.range_partials(q, kc, ks, km, vc, vs, vm, first, count, windows=windows, splits=4,
-                                interpret=interpret, **options)
-  tokens, windows_ = slice(first * mi.WINDOW, (first + count) * mi.WINDOW), slice(first, first + count)
-  want = mi.reference(q, kc[:, tokens], ks[:, windows_], km[:, windows_], vc[:, tokens], vs[:, windows_],
-                      vm[:, windows_])
-  np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, q.shape[1])), want, atol=2e-3, rtol=0)
+  assert_range_matches(case, first, count, windows, 4, interpret, options)
 
 
 @pytest.mark.parametrize("splits,first,count,windows", [(1, None, None, None), (2, 3, 29, 32), (1, 5, 6, 12)])
@@ -138,13 +145,8 @@ def test_a_ctas_warpgroups_take_several_pairs(interpret, splits, first, count, w
                                options=tuple(options.items())))
     np.testing.assert_allclose(out, mi.reference(q, kc, ks, km, vc, vs, vm), atol=2e-3, rtol=0)
     return
-  o_t, m, l = mi.range_partials(q, kc, ks, km, vc, vs, vm, first, count, windows=windows, splits=splits,
-                                interpret=interpret, **options)
+  o_t = assert_range_matches((q, kc, ks, km, vc, vs, vm), first, count, windows, splits, interpret, options)
   assert o_t.shape[:2] == (4, splits)
-  tokens, windows_ = slice(first * mi.WINDOW, (first + count) * mi.WINDOW), slice(first, first + count)
-  want = mi.reference(q, kc[:, tokens], ks[:, windows_], km[:, windows_], vc[:, tokens], vs[:, windows_],
-                      vm[:, windows_])
-  np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, q.shape[1])), want, atol=2e-3, rtol=0)
 
 
 @pytest.mark.parametrize("bits,warpgroups,splits,first,count,windows", [
@@ -161,12 +163,7 @@ def test_paired_steps_share_one_softmax(interpret, bits, warpgroups, splits, fir
                                options=tuple(options.items())))
     np.testing.assert_allclose(out, mi.reference(q, kc, ks, km, vc, vs, vm), atol=2e-3, rtol=0)
     return
-  o_t, m, l = mi.range_partials(q, kc, ks, km, vc, vs, vm, first, count, windows=windows, splits=splits,
-                                interpret=interpret, **options)
-  tokens, windows_ = slice(first * mi.WINDOW, (first + count) * mi.WINDOW), slice(first, first + count)
-  want = mi.reference(q, kc[:, tokens], ks[:, windows_], km[:, windows_], vc[:, tokens], vs[:, windows_],
-                      vm[:, windows_])
-  np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, q.shape[1])), want, atol=2e-3, rtol=0)
+  assert_range_matches((q, kc, ks, km, vc, vs, vm), first, count, windows, splits, interpret, options)
 
 
 def test_paired_steps_are_refused_where_they_cannot_go():
