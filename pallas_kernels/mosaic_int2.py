@@ -129,6 +129,15 @@ def code_bits(k_codes) -> int:
   return bits
 
 
+def cta_splits(splits: int, warpgroups: int, pairs: int) -> int:
+  """`splits`, or the next multiple of `warpgroups` where a CTA of that many programs cannot take it: a CTA's
+  programs are splits of one pair (a multiple), or every split of warpgroups / splits pairs (a divisor, where
+  the pairs divide into such CTAs)."""
+  if splits % warpgroups == 0 or (warpgroups % splits == 0 and pairs % (warpgroups // splits) == 0):
+    return splits
+  return -(-splits // warpgroups) * warpgroups
+
+
 def query_operands(q: jax.Array, part_scaled: bool = True, bits: int = 2) -> jax.Array:
   """q [N, G, H] (scaled, base 2) -> [N, H, 16] f16: q^T twice (one block of 8 columns a window of the
   step), times (2^bits)^-p for channel part p where the key parts come as (2^bits)^p c (`part_scaled`)."""
@@ -1129,8 +1138,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   slower, s25: ptxas spills); `warpgroups`: programs (warpgroups) a CTA, each with its own
   buffers and a pipeline written out by hand: splits of one pair, or where `splits` divides `warpgroups`,
   every split of warpgroups / splits pairs (N a multiple of that). Four make a CTA of 512 threads, for which
-  ptxas must fit 128 registers a thread (session 20's PTX: 145 registers, 128 with 36 bytes of spills), so that an SM holds 4
-  programs, not 3; not with `defer_values_wgmma` (its second V buffer would not fit 4 times),
+  ptxas must fit 128 registers a thread (session 20's PTX: 145 registers, 128 with 36 bytes of spills), so that
+  an SM holds 4 programs, not 3; not with `defer_values_wgmma` (its second V buffer would not fit 4 times),
   `bias_in_kernel` or `keys_in_smem`. Wrong on the H200 in session 22: Pallas' cross-warp reductions all
   use one scratch buffer, which the CTA's warpgroups shared; its reductions now go through a scratch a
   warpgroup (`_column_reduce`; right on the H200 since, session 23). `grid_dependency_wait`: the kernel
@@ -1282,14 +1291,13 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   groups = warpgroups
   if fetch_by_one_warp and groups == 1:
     raise ValueError("fetch_by_one_warp: the four-warpgroup pipeline's (warpgroups > 1); emit_pipeline issues its own")
-  # A CTA's warpgroups are splits of one pair, or (fewer splits than warpgroups) the splits of several pairs:
-  # short pools at large batches then fill fewer waves of CTAs, each program reading more steps
-  pairs_per_cta = groups // splits if groups > 1 and splits < groups and groups % splits == 0 else 1
-  if groups > 1 and (defer_values_wgmma or bias_in_kernel or keys_in_smem
-                     or (splits % groups if pairs_per_cta == 1 else n % pairs_per_cta)):
+  if groups > 1 and (defer_values_wgmma or bias_in_kernel or keys_in_smem or cta_splits(splits, groups, n) != splits):
     raise ValueError(f"warpgroups={groups} needs splits divisible by it (or dividing it, with pairs a multiple of "
                      f"warpgroups / splits; got splits={splits} for {n} pairs), and neither defer_values_wgmma, "
                      f"bias_in_kernel nor keys_in_smem")
+  # A CTA's warpgroups are splits of one pair, or (fewer splits than warpgroups) the splits of several pairs:
+  # short pools at large batches then fill fewer waves of CTAs, each program reading more steps
+  pairs_per_cta = groups // splits if splits < groups else 1
   layout = plgpu.Layout
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
   magic = fast and magic_exponents

@@ -328,10 +328,11 @@ MOSAIC_LEAN_EIGHT_VLDSM = dataclasses.replace(
 # That with KIVI's INT2 and INT4 pools' values from registers (`kivi_token_scaled_bits`: the V wgmma on exact codes in
 # two tiles of 64 channels, each against P times the token's scale of their groups;
 # "pallas:mosaic_wg4_kivi_scaled_p"). s37: 521 SASS in the INT2 main loop offline against 515 through shared
-# memory (`mosaic_sass_s37_kivi.md`), without the V stores and the wgmma's reads of them, which bounded the values' path (s26). On an H100
-# (s37, float64 checks passed): the INT2 kernel at 19,968 tokens 112.9 µs against 129.7 at batch 32, 220.9 against
-# 254.6 at 60 (`mosaic_kivi_s37_h100.md`); the 7B step's kivi2 at 32 x 100 9.169 ms against 9.615, at 60 x 5 7.034
-# against 7.025, kivi4 at 60 x 5 7.155 against 7.054 (`decode_throughput_*_s37_kivi_scaled*_h100.md`).
+# memory (`mosaic_sass_s37_kivi.md`), without the V stores and the wgmma's reads of them, which bounded the values'
+# path (s26). On an H100 (s37, float64 checks passed): the INT2 kernel at 19,968 tokens 112.9 µs against 129.7
+# at batch 32, 220.9 against 254.6 at 60 (`mosaic_kivi_s37_h100.md`); the 7B step's kivi2 at 32 x 100 9.169 ms
+# against 9.615, at 60 x 5 7.034 against 7.025, kivi4 at 60 x 5 7.155 against 7.054
+# (`decode_throughput_*_s37_kivi_scaled*_h100.md`).
 MOSAIC_KIVI_SCALED_P = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2, 4))
 # What the default runs for large launches since s37: MOSAIC_LEAN_EIGHT with KIVI's INT2 pools' values from
 # registers (where they won, above); KIVI's INT4 pools keep the shared-memory path (1.4 % slower at 60 x 5 the
@@ -350,10 +351,9 @@ MOSAIC_FOUR_SPLITS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_min_splits=4)  #
 MOSAIC_PAIRED = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
     mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"].items()))
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 38 (MOSAIC_FOUR_SPLITS in
-# s37), MOSAIC_LEAN_EIGHT in
-# s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before it
-# MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
-# against 10.13, kivi2 9.04 against 12.94, kivi4 9.58 against 10.32, `decode_throughput_*_s28_lean_all_gpu.md`),
+# s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before it MOSAIC_LEAN_ALL
+# (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06 against 10.13,
+# kivi2 9.04 against 12.94, kivi4 9.58 against 10.32, `decode_throughput_*_s28_lean_all_gpu.md`),
 # with the launches' partials merged in one Pallas launch (`combine_kernel`; `combine_with_heads_last_kernel`
 # until s33) where XLA takes five or more small kernels a layer. The merged combine: 9.98 ms against 10.09 with
 # XLA's merge at 32 x 100 (session 24); for two Mosaic launches (INT2 and INT4 pools) it replaces a transposed,
@@ -970,9 +970,7 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, w
   options = pool_options(dict(config.mosaic_options), kp.bits, kivi=bool(vp.channel_group),
                          int4_permuted_keys=config.int4_permuted_keys,
                          kivi_token_scaled=kp.bits in config.kivi_token_scaled_bits)
-  groups = options.get("warpgroups", 1)  # programs a CTA: the splits a multiple of it, or a divisor of it that
-  if not (splits < groups and groups % splits == 0 and n % (groups // splits) == 0):  # divides the pairs too
-    splits = -(-splits // groups) * groups
+  splits = mosaic_int2.cta_splits(splits, options.get("warpgroups", 1), n)  # what a CTA's programs can take
   o_t, m, l = mosaic_int2.range_partials(
       q, flat(kp.data), flat(kp.scale), flat(kp.minimum), flat(vp.data), flat(vp.scale), flat(vp.minimum),
       first, count, windows=windows, splits=splits,

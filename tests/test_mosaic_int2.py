@@ -173,6 +173,13 @@ def test_paired_steps_are_refused_where_they_cannot_go():
     mi.attend(q, kc, ks, km, vc, vs, vm, splits=2, interpret=mi.interpret_params(), options=tuple(options.items()))
 
 
+def test_cta_splits_are_what_a_ctas_programs_can_take():
+  """A multiple of the warpgroups (one pair's splits), or a divisor whose pairs fill whole CTAs; else rounded up."""
+  assert [mi.cta_splits(j, 4, 240) for j in (1, 2, 3, 4, 5, 8)] == [1, 2, 4, 4, 8, 8]
+  assert mi.cta_splits(2, 4, 3) == 4 and mi.cta_splits(1, 4, 6) == 4 and mi.cta_splits(1, 4, 8) == 1
+  assert mi.cta_splits(3, 1, 5) == 3
+
+
 def test_pairs_that_cannot_share_a_cta_are_refused():
   """Two splits of four warpgroups put two pairs in a CTA: three pairs cannot be split so."""
   q, kc, ks, km, vc, vs, vm = random_case(12, 3, 4 * mi.WINDOW, 7)
