@@ -490,7 +490,7 @@ VARIANTS = {
     "mosaic_wg4_lean_eight": qd.MOSAIC_LEAN_EIGHT,  # the folded one, its softmax on 8 columns (s31)
     "mosaic_wg4_lean_eight_vldsm": qd.MOSAIC_LEAN_EIGHT_VLDSM,  # that, V's INT2 codes by ldmatrix.trans (s35)
     "mosaic_wg4_kivi_scaled_p": qd.MOSAIC_KIVI_SCALED_P,  # that, KIVI's values from registers, P scaled (s37)
-    "mosaic_four_splits": qd.MOSAIC_FOUR_SPLITS,  # s37's default: 4 splits at least (2 since s38, batch >= 44)
+    "mosaic_four_splits": qd.MOSAIC_FOUR_SPLITS,  # s37's default: 4 splits at least (2 since s38, batch >= 45)
     "mosaic_paired": qd.MOSAIC_PAIRED,  # the default, two steps under one softmax (INT2 pools; s38, untimed)
     # s33: the large-batch configuration's merge as one program a (request, KV head) (the combine's grid before
     # its channel blocks), and as XLA's kernels

@@ -337,7 +337,7 @@ MOSAIC_KIVI_SCALED_P = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_
 # What the default runs for large launches since s37: MOSAIC_LEAN_EIGHT with KIVI's INT2 pools' values from
 # registers (where they won, above); KIVI's INT4 pools keep the shared-memory path (1.4 % slower at 60 x 5 the
 # other way, untimed at 32 x 100).
-# Since s38 with 2 splits a pair where one wave of CTAs holds them (pairs >= 176 on an H200 or H100: batch >= 44),
+# Since s38 with 2 splits a pair where one wave of CTAs holds them (over 176 pairs on an H200 or H100: batch >= 45),
 # a CTA's four warpgroups then the splits of two pairs (`mosaic_int2.int2_decode`): at 60 x 5 frames (a layer's
 # pools ~1k tokens) 4 splits were 1.8 waves of 4-step programs (the Mosaic kernel 27 µs a layer on an H100,
 # 0.5 TB/s). H100, one run each (`decode_throughput_*_s38_two_splits_h100.md`, `s38_two_splits_*_h100.md`): the 7B
@@ -988,10 +988,15 @@ def mosaic_splits(pairs: int, steps: int, config: DecodeConfig) -> int:
   waves) 317 µs, 3 (one wave) 325; batch 60 8 splits 578 µs, 12 583, 3 632. With four programs an SM (the
   large-batch kernel, 19,968 tokens, `mosaic_int2_s25_splits_h200.md`) 4 splits won: batch 32 154 µs against
   162 at 8 and 169 at 12, batch 60 300 against 313, so `LARGE_BATCH_MOSAIC` started at 4; since s38 at 2, which
-  only pairs that fill a wave at 2 take (batch >= 44 of 4 KV heads), a CTA's four programs two pairs' splits."""
+  only pairs that fill a wave at 2 take (batch >= 45 of 4 KV heads), a CTA's four programs two pairs' splits.
+  Fewer splits than a CTA's programs count only where a CTA can take them (`mosaic_int2.cta_splits`): 3 would
+  become 4 after the search, a second wave of a few CTAs (batch 34: 544 programs in 528 slots)."""
   slots = _multiprocessors(config) * config.mosaic_programs_per_multiprocessor
   limit = max(1, min(steps, 64))
+  groups = dict(config.mosaic_options).get("warpgroups", 1)
   for j in range(min(max(config.mosaic_min_splits, slots // pairs), limit), limit + 1):
+    if j < groups and mosaic_int2.cta_splits(j, groups, pairs) != j:
+      continue
     programs = pairs * j
     if programs <= slots or programs % slots == 0 or programs % slots >= slots // 2:
       return j

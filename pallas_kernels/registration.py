@@ -44,7 +44,7 @@
                                        token's scale (s37, H100: kivi2's step at 32 x 100 4.6 % faster)
     "pallas:mosaic_four_splits"  the default's kernels with 4 splits a pair at least, a CTA's four warpgroups one
                                  pair's (the default until s37; since s38 2 splits where one wave holds them, batch
-                                 >= 44: 60 x 5's step 1.6-2.3 % faster on an H100)
+                                 >= 45: 60 x 5's step 1.6-2.3 % faster on an H100)
     "pallas:mosaic_paired"  the default, INT2 pools' blocks of two steps under one softmax (s38, untimed;
                             13.6 % fewer SASS a key in the INT2 main loop offline)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels

@@ -167,6 +167,8 @@ def test_large_launches_take_the_mosaic_kernel():
     assert qd.mosaic_splits(128, 306, big) == 4 and qd.mosaic_splits(128, 306, qd.MOSAIC_FOUR_WARPGROUPS) == 8
     # since s38: batch 60's 240 pairs at 2 splits (a CTA two pairs' splits), 4 before
     assert qd.mosaic_splits(240, 15, big) == 2 and qd.mosaic_splits(240, 15, qd.MOSAIC_FOUR_SPLITS) == 4
+    # where 3 splits would be rounded up to 4 (a second wave of 4 CTAs), the search goes on as with 4 at least
+    assert qd.mosaic_splits(136, 306, big) == qd.mosaic_splits(136, 306, qd.MOSAIC_FOUR_SPLITS) == 6
   assert dataclasses.replace(big, int2_mosaic=False, mosaic_min_pairs=128,
                              **{k: getattr(default, k) for k in qd.LARGE_BATCH_MOSAIC}) == default
   short = default.mosaic_min_pool_tokens - 32
