@@ -34,7 +34,14 @@ INTERPRET = None  # on a CPU (a dry run of the script): Mosaic GPU's interpret m
 VARIANTS = mi.VARIANTS  # name: keyword arguments of mosaic_int2.int2_decode
 
 
+def variant_splits(variant: str, splits: int, pairs: int) -> int:
+  """`splits` as `variant`'s CTAs can take them (`mosaic_int2.cta_splits`: a multiple of its warpgroups, or a
+  divisor whose pairs fill whole CTAs)."""
+  return mi.cta_splits(splits, VARIANTS[variant].get("warpgroups", 1), pairs)
+
+
 def attend(q, *pool, splits, variant="fast"):
+  splits = variant_splits(variant, splits, q.shape[0])
   return mi.attend(q, *pool, splits=splits, interpret=INTERPRET, options=tuple(VARIANTS[variant].items()))
 
 
@@ -211,7 +218,7 @@ def main(argv=None) -> int:
       for splits in args.splits:
         if time.time() - start > args.budget_s:
           break
-        name = f"{variant}_j{splits}"
+        name = f"{variant}_j{variant_splits(variant, splits, batch * da.KV_HEADS)}"
         try:
           mos = time_mosaic(batch, args.tokens, splits, key, variant, args.bits)
           row[name] = mos

@@ -2083,6 +2083,14 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                          fetch_by_one_warp=True, folded_minimums=True,
                                                          eight_column_softmax=True, steps_per_block=2,
                                                          paired_steps=True),
+    # lean_folded_eight with five and six warpgroups a CTA (s39): more warps a scheduler to hide the step's chain
+    # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills)
+    "wg5_large_batch_ftz_lean_folded_eight": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
+                                                  fetch_by_one_warp=True, folded_minimums=True,
+                                                  eight_column_softmax=True, warpgroups=5),
+    "wg6_large_batch_ftz_lean_folded_eight": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
+                                                  fetch_by_one_warp=True, folded_minimums=True,
+                                                  eight_column_softmax=True, warpgroups=6),
     # INT4 pools as the large-batch configurations take them (`quantized_decode.pool_options`: no permuted keys),
     # and that with V's codes by `ldmatrix.trans` (s35)
     "wg4_large_batch_ftz_int4_eight": dict(_LARGE_BATCH, values_in_registers=True, fetch_by_one_warp=True,
