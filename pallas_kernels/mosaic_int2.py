@@ -2084,7 +2084,9 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                          eight_column_softmax=True, steps_per_block=2,
                                                          paired_steps=True),
     # lean_folded_eight with five and six warpgroups a CTA (s39): more warps a scheduler to hide the step's chain
-    # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills)
+    # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills, main
+    # loop 497 and 539 SASS against 459). Slower on an H100, batch 32 x 19,200: 124.7 and 160.2 µs against 105.7
+    # (`mosaic_int2_s39_wg_h100.md`)
     "wg5_large_batch_ftz_lean_folded_eight": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
                                                   fetch_by_one_warp=True, folded_minimums=True,
                                                   eight_column_softmax=True, warpgroups=5),
