@@ -799,10 +799,12 @@ def quantized_decode(
     config: DecodeConfig = DecodeConfig(),
     q_scale: float = 1.0,
     rest_layer: Int[Array, ""] | None = None,
+    out_dtype=jnp.float32,
     interpret: bool = False,
 ) -> Float[Array, "B K G H"]:
   """softmax(q_scale qg . K^T) V over a layer's pools and rest segment (qg in any float dtype; the
-  kernel scales it in float32 as it loads it).
+  kernel scales it in float32 as it loads it), in `out_dtype` (rounded from float32 once: where the merge is
+  a Pallas launch, as that launch stores it).
 
   A pool given as None is skipped (the layer has no window there).
   `tokens_hint` (static) bounds the layer's tokens and `pool_tokens` its tokens
@@ -815,11 +817,11 @@ def quantized_decode(
                                        window_size=window_size, tokens_hint=tokens_hint, pool_tokens=pool_tokens,
                                        config=config, q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
   if config.fused_combine:
-    return combine_kernel(sets, qg.shape[2], config=config, interpret=interpret)
+    return combine_kernel(sets, qg.shape[2], config=config, out_dtype=out_dtype, interpret=interpret)
   if len(sets) > 1:  # the launches' partials (Gp and 8 rows) merged where they lie: no concatenated copy
-    return combine_sets(sets, qg.shape[2])
+    return combine_sets(sets, qg.shape[2]).astype(out_dtype)
   # Slicing o, m and l to G rows before the combine made it 1.7 us slower at batch 1 x 1k (H200).
-  return combine_splits(*sets[0])[:, :, :qg.shape[2]]
+  return combine_splits(*sets[0])[:, :, :qg.shape[2]].astype(out_dtype)
 
 
 def partial_softmaxes(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, *, window_size: int,
@@ -1188,16 +1190,17 @@ def _combine_body(*refs, kinds: tuple, rows: int, group: int, width: int):
   o = o_rows + o_heads_last.T if any(k[0] for k in kinds) else o_rows
   out = o / jnp.where(l > 0, l, 1.0)[:, None]
   real = lax.broadcasted_iota(jnp.int32, out.shape, 0) < group
-  plgpu.store(out_ref.at[pl.ds(bk * group, rows), cols], out, mask=real)
+  plgpu.store(out_ref.at[pl.ds(bk * group, rows), cols], out.astype(out_ref.dtype), mask=real)
 
 
 def combine_kernel(sets, group: int, *, channel_blocks: int | None = None, config: DecodeConfig = DecodeConfig(),
-                   interpret: bool = False) -> Float[Array, "B K G H"]:
+                   out_dtype=jnp.float32, interpret: bool = False) -> Float[Array, "B K G H"]:
   """`combine_sets` as one launch, its grid (request x KV head, channel block): the Triton launches' partials
   (o [B, K, J, Gp, H], m and l [B, K, J, Gp]) and the Mosaic launches' (o heads last [B, K, J', H, 2, 8], m and
   l [B, K, 2J', 8], G <= 8), each read where it lies. XLA's merge takes four or more small kernels a layer
   (a concatenated, transposed copy too where two Mosaic launches write); until session 33 this launch had one
-  program a (request, KV head) merging its parts in a chain (25 µs at batch 8 x 32k on an H100, s32)."""
+  program a (request, KV head) merging its parts in a chain (25 µs at batch 8 x 32k on an H100, s32).
+  The output in `out_dtype`, rounded as it is stored (the model's bf16: no convert kernel after it, s39)."""
   b, kh, _, _, h = sets[0][0].shape
   n = b * kh
   heads_last = [o.ndim == 6 for o, _, _ in sets]
@@ -1223,7 +1226,7 @@ def combine_kernel(sets, group: int, *, channel_blocks: int | None = None, confi
       grid=(n, blocks),
       in_specs=[whole(x) for x in inputs],
       out_specs=pl.BlockSpec((pl.Element(n * group), pl.Element(h)), lambda i, c: (0, 0)),
-      out_shape=jax.ShapeDtypeStruct((n * group, h), jnp.float32),
+      out_shape=jax.ShapeDtypeStruct((n * group, h), out_dtype),
       compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
       interpret=interpret,
       name="wq_combine",

@@ -81,7 +81,8 @@ CONFIGS: dict[str, quantized_decode.DecodeConfig] = {}  # what each name registe
 def layer_attention(qg: Float[Array, "B K G H"], layer: LayerCache, *, scale: float,
                     config: quantized_decode.DecodeConfig) -> Float[Array, "B K G H"]:
   """The kernel with tiling `config` on one layer of a cache (what each registered name runs; the benchmarks call
-  it with their own configurations). The launches are planned on the tokens a layer can own in each pool, not on
+  it with their own configurations), in q's dtype (`decode_attention` casts to it anyway: the merge's launch
+  then stores it so, with no convert kernel after). The launches are planned on the tokens a layer can own in each pool, not on
   the pools' arrays, which hold every layer's windows."""
   k_pools = tuple(_arrays(p, n) for p, n in zip(layer.k_pools, layer.slice_windows))
   v_pools = tuple(_arrays(p, n) for p, n in zip(layer.v_pools, layer.slice_windows))
@@ -90,7 +91,7 @@ def layer_attention(qg: Float[Array, "B K G H"], layer: LayerCache, *, scale: fl
   return quantized_decode.quantized_decode(
       qg, k_pools, v_pools, layer.offsets, layer.counts, layer.rest_k, layer.rest_v, layer.rest_len,
       window_size=layer.window_size, tokens_hint=sum(pool_tokens) + layer.capacity,
-      pool_tokens=pool_tokens, config=config, q_scale=scale, rest_layer=layer.layer,
+      pool_tokens=pool_tokens, config=config, q_scale=scale, rest_layer=layer.layer, out_dtype=qg.dtype,
       interpret=jax.default_backend() == "cpu")
 
 

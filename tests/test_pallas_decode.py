@@ -386,6 +386,19 @@ def test_combine_kernel_takes_several_sets_of_each_kind():
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+def test_combine_kernel_stores_in_the_asked_dtype():
+  """With out_dtype bf16 (what the model's decode step asks for) the merge rounds once as it stores: the float32
+  merge's values rounded to bf16, on fresh partials of both kinds."""
+  b, kh, h, group = 2, 2, 128, 7
+  keys = iter(jax.random.split(jax.random.PRNGKey(9), 8))
+  sets = [_row_set(keys, b, kh, 3, 16, h), _heads_last_set(keys, b, kh, 2, h)]
+  want = jax.jit(lambda *s: qd.combine_kernel(s, group, interpret=True))(*sets)
+  got = jax.jit(lambda *s: qd.combine_kernel(s, group, out_dtype=jnp.bfloat16, interpret=True))(*sets)
+  assert want.dtype == jnp.float32 and got.dtype == jnp.bfloat16
+  np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)),
+                                np.asarray(want.astype(jnp.bfloat16).astype(jnp.float32)))
+
+
 def test_combine_kernel_refuses_heads_last_sets_past_eight_heads():
   keys = iter(jax.random.split(jax.random.PRNGKey(6), 8))
   sets = [_row_set(keys, 1, 2, 3, 16, 128), _heads_last_set(keys, 1, 2, 2, 128)]
