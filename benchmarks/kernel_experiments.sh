@@ -38,7 +38,8 @@
 #   bash benchmarks/kernel_experiments.sh headline  # (s38) issue 6's 32 x 100 row, every method but C
 #   bash benchmarks/kernel_experiments.sh two_splits  # (s38) 2 splits a pair at batch 60 (the default since s38)
 #   bash benchmarks/kernel_experiments.sh h200_s38  # (s38) issue 6's 32 x 100 and 60 x 5 rows, issue 5's 32k rows
-#   bash benchmarks/kernel_experiments.sh paired    # (s38, untimed) two steps under one softmax: kernels, 32k, step
+#   bash benchmarks/kernel_experiments.sh paired    # (s38; s39 H100: no faster) two steps under one softmax
+#   bash benchmarks/kernel_experiments.sh warpgroups  # (s39; H100: slower) five and six warpgroups a CTA
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -46,7 +47,7 @@
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
-tag=${TAG:-s38}  # results' names: mosaic_int2_<tag>_folded, ...
+tag=${TAG:-s39}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 case "${1:-}" in
   kernels)
@@ -194,6 +195,11 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_paired --methods fp16 windowquant --out "$out" --budget-s 260 \
       --tag ${tag}_paired || echo "(stopped: paired, step)" ;;
+  warpgroups)  # (s39) five and six warpgroups a CTA (96 and 80 registers a thread) against four, INT2 kernels at
+               # batch 32 and 60 x 19,200 tokens (a multiple of 4, 5 and 6 steps of 64: no split reads a range)
+    python -m benchmarks.mosaic_int2_bench --tokens 19200 --splits 4 --out "$out" --batches 32 60 \
+      --variants wg4_large_batch_ftz_lean_folded_eight wg5_large_batch_ftz_lean_folded_eight \
+      wg6_large_batch_ftz_lean_folded_eight --tag mosaic_int2_${tag}_wg || echo "(stopped: warpgroups)" ;;
   two_splits)  # (s38, run on an H100 before the change, when 2 splits were "pallas:mosaic_two_splits" and 4 the
                # default) 2 splits a pair where one wave holds them (a CTA's warpgroups two pairs' splits): since
                # s38 the default, 4 now "pallas:mosaic_four_splits"; the 7B step at 60 x 5, one layer at batch 60
@@ -205,6 +211,6 @@ case "${1:-}" in
         --variants default,mosaic_four_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_$tokens \
         --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: $tokens)"
     done ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38|paired" >&2
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38|paired|warpgroups" >&2
      exit 2 ;;
 esac

@@ -12,7 +12,9 @@ minimums): one number a window and head, computed before the kernel by XLA (`key
 minimums once, as the kernel would) and added to a step's scores.
 
 Column c of S^T is query head c % 8 of window c // 8 of the step (GQA groups of up to 8 heads): the two
-windows of a step have different scales, and N = 16 is wgmma's smallest width for f16 B anyway. Each
+windows of a step have different scales. (N = 8 would do with B K-major, which Mosaic's wgmma takes; with the
+keys dequantized columns 8-15 are copies, and P's are zero. The tensor pipe was 22.7 % busy in s36's ncu
+profile, so halving its work is not the lever it would seem.) Each
 column keeps its own running max and sum, so window parity is a split of the key axis that the combine
 merges with the others; entries of the other window are masked to -inf.
 
