@@ -40,6 +40,7 @@
 #   bash benchmarks/kernel_experiments.sh h200_s38  # (s38) issue 6's 32 x 100 and 60 x 5 rows, issue 5's 32k rows
 #   bash benchmarks/kernel_experiments.sh paired    # (s38; s39 H100: no faster) two steps under one softmax
 #   bash benchmarks/kernel_experiments.sh warpgroups  # (s39; H100: slower) five and six warpgroups a CTA
+#   bash benchmarks/kernel_experiments.sh ncu_s39   # (s39) the default, paired and five warpgroups under ncu
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -153,6 +154,14 @@ case "${1:-}" in
       timeout 200 python benchmarks/kernel_ncu.py profile --plans mosaic_int2 --kernel kernel_mosaic --variant "$v" \
         --batch 32 --tokens 19968 --splits 4 --out "$out/ncu_$v" --summary || echo "(stopped: ncu $v)"
     done ;;
+  ncu_s39)  # (s39) what changed where the time did not: the default, paired steps and five warpgroups under
+            # Nsight Compute, batch 32 x 19,200 (whole splits at 4 and 5), pages packed into one archive
+    for v in wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_paired \
+             wg5_large_batch_ftz_lean_folded_eight; do
+      timeout 170 python benchmarks/kernel_ncu.py profile --plans mosaic_int2 --kernel kernel_mosaic --variant "$v" \
+        --batch 32 --tokens 19200 --splits 4 --out "$out/ncu_s39" --summary || echo "(stopped: ncu $v)"
+    done
+    tar czf "$out/ncu_mosaic_int2_b32_t19200_${tag}.tgz" -C "$out" --exclude='*.ncu-rep' ncu_s39 ;;
   profile)  # (s36) where the 7B step's GPU time goes at 32 x 100 today (s28's profile is the last), kernel by kernel
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_profile --settings 32x100 \
       --methods windowquant fp16 --top 40 --out "$out" --tag "$tag" || echo "(stopped: profile)" ;;
@@ -211,6 +220,6 @@ case "${1:-}" in
         --variants default,mosaic_four_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_$tokens \
         --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: $tokens)"
     done ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38|paired|warpgroups" >&2
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38|paired|warpgroups|ncu_s39" >&2
      exit 2 ;;
 esac
