@@ -1211,7 +1211,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   a block's two steps under one softmax, 128 keys a vote, barrier and branch: both score wgmmas (each waited
   for before the next step's keys are unpacked: both in flight spilled), P of each into its own buffer, and the
   two V wgmmas (the first waited for before the second's V^T: both in flight spilled). Offline (s38) 793 SASS
-  in the INT2 main loop a block against 2 x 459, 128 registers, no spills; untimed.
+  in the INT2 main loop a block against 2 x 459, 128 registers, no spills; but the executed hot loop is 691 against
+  2 x 333 (the cut was the vote's rare branch), and it is no faster on an H100 (s39).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -2080,7 +2081,8 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                         fetch_by_one_warp=True, folded_minimums=True,
                                                         eight_column_softmax=True, values_by_ldmatrix=True),
     # lean_folded_eight, a block of two steps under one softmax (`paired_steps`: one vote, one barrier and one
-    # branch a 128 keys; offline 793 SASS in the main loop a 128 keys against 2 x 459, no spills; s38, untimed)
+    # branch a 128 keys; offline 793 SASS in the main loop a 128 keys against 2 x 459, no spills, s38; executed on an
+    # H100 its hot loop is 691 a 128 keys against 2 x 333, and it is no faster, s39)
     "wg4_large_batch_ftz_lean_folded_eight_paired": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
                                                          fetch_by_one_warp=True, folded_minimums=True,
                                                          eight_column_softmax=True, steps_per_block=2,

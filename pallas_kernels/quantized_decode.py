@@ -345,9 +345,10 @@ MOSAIC_KIVI_SCALED_P = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_
 # pools, GPU span 39.5 µs against 46.0 at 1k tokens, 353.6 against 361.7 at 32k.
 MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,), mosaic_min_splits=2)
 MOSAIC_FOUR_SPLITS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_min_splits=4)  # s37's default: 4 splits at least
-# (s38, untimed) The default with a block of two steps under one softmax for INT2 pools (`mosaic_int2`'s
-# `paired_steps`: one vote, barrier and branch a 128 keys; offline 793 SASS in the main loop a 128 keys against
-# 2 x 459, no spills, `results/mosaic_sass_s38_paired.md`); INT4's and KIVI's pools keep a softmax a step.
+# (s38) The default with a block of two steps under one softmax for INT2 pools (`mosaic_int2`'s `paired_steps`: one
+# vote, barrier and branch a 128 keys); INT4's and KIVI's pools keep a softmax a step. No faster on an H100 (s39:
+# the 7B step at 32 x 100 8.884 ms against 8.848; ncu: 2 % more instructions executed, the offline count's cut being
+# the vote's rare branch; `results/decode_attention_notes.md`, "Session 39").
 MOSAIC_PAIRED = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
     mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"].items()))
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 38 (MOSAIC_FOUR_SPLITS in

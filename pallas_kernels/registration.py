@@ -45,8 +45,8 @@
     "pallas:mosaic_four_splits"  the default's kernels with 4 splits a pair at least, a CTA's four warpgroups one
                                  pair's (the default until s37; since s38 2 splits where one wave holds them, batch
                                  >= 45: 60 x 5's step 1.6-2.3 % faster on an H100)
-    "pallas:mosaic_paired"  the default, INT2 pools' blocks of two steps under one softmax (s38, untimed;
-                            13.6 % fewer SASS a key in the INT2 main loop offline)
+    "pallas:mosaic_paired"  the default, INT2 pools' blocks of two steps under one softmax (s38; no faster on an
+                            H100, s39: its hot loop executes 345.5 SASS a 64 keys against 333)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
     "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)
