@@ -158,6 +158,14 @@ def query_operands(q: jax.Array, part_scaled: bool = True, bits: int = 2) -> jax
   return (qt * part_scale[None, :, None]).astype(jnp.float16)
 
 
+def query_rows(q: jax.Array) -> jax.Array:
+  """q [N, G, H] (scaled, base 2) -> [N, 8, H] f16: `narrow_scores`' B operand, the G heads' rows, zero rows to 8."""
+  n, g, h = q.shape
+  if g > COLUMNS // 2 or h != HEAD_DIM:
+    raise ValueError(f"the Mosaic INT2 kernel serves up to 8 query heads of dim {HEAD_DIM}, got {g} of {h}")
+  return jnp.pad(q.astype(jnp.float16), ((0, 0), (0, COLUMNS // 2 - g), (0, 0)))
+
+
 def key_bias(q: jax.Array, k_min: jax.Array) -> jax.Array:
   """q [N, G, H] . key minimums [N, W, H] -> [N, W, 16] f32: a row a window, its G heads' biases in columns
   0 ... 7 and again in 8 ... 15 (a step takes columns 0-7 of its first window's row and 8-15 of its
@@ -1104,8 +1112,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 metadata_in_thread_order: bool = False, values_in_registers: bool = False,
                 fetch_by_one_warp: bool = False, permuted_keys: bool = False, values_per_token: bool = False,
                 folded_minimums: bool = False, eight_column_softmax: bool = False, values_by_ldmatrix: bool = False,
-                token_scaled_p: bool = False, paired_steps: bool = False, max_windows: int | None = None,
-                range_params=None):
+                token_scaled_p: bool = False, paired_steps: bool = False, narrow_scores: bool = False,
+                max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1213,6 +1221,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   two V wgmmas (the first waited for before the second's V^T: both in flight spilled). Offline (s38) 793 SASS
   in the INT2 main loop a block against 2 x 459, 128 registers, no spills; but the executed hot loop is 691 against
   2 x 333 (the cut was the vote's rare branch), and it is no faster on an H100 (s39).
+  `narrow_scores` (with `eight_column_softmax`): the score wgmma 8 columns wide, not 16 (with the keys dequantized
+  columns 8-15 copied 0-7): its B is q [8, H] K-major (`query_rows`: G heads padded to 8, f16), read transposed
+  by wgmma, a part's channels a slice of its rows; S^T's accumulator [64, 8] (4 registers a thread, not 8).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -1258,6 +1269,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                            and not (token_scaled_p or values_per_token or defer_values_wgmma)):
     raise ValueError("paired_steps: a block's two steps under one softmax, with steps_per_block=2, "
                      "eight_column_softmax, in_place_values and values_in_registers (not KIVI's values)")
+  if narrow_scores and not (eight_column_softmax and not (keys_in_smem or bias_in_kernel)):
+    raise ValueError("narrow_scores: with eight_column_softmax (the keys dequantized), not keys_in_smem or "
+                     "bias_in_kernel")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1314,8 +1328,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   rescale_on_vote = in_place and in_place_values and lagged_max  # alpha is 1 wherever no warp votes
   # With the keys permuted, row 8g + 2l + e of a part is channel (W / 4) l + 2g + e, as the keys' columns
   # (`key_order`): q's channels permuted before its sum over the heads, where XLA fuses the permutation into it
-  qt = query_operands(key_order(q, bits, axis=2) if keys_by_thread else q, part_scaled=not (magic or dequantize_keys),
-                      bits=bits)
+  qk = key_order(q, bits, axis=2) if keys_by_thread else q  # q's channels in the keys' order
+  qt = query_rows(qk) if narrow_scores else query_operands(qk, part_scaled=not (magic or dequantize_keys), bits=bits)
   q_raw = query_operands(q, part_scaled=False) if bias_in_kernel else qt  # q^T for the minimums' products
 
   def swizzled(row_bytes, dtype):  # the interpret mode takes plain buffers
@@ -1383,11 +1397,15 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       q = plgpu.load(qt_s, layout=layout.WGMMA)
       read_before_reuse()
       return q
-    # Several warpgroups: through bq_s, which the first step overwrites (allocations are the CTA's there).
-    q = load_query(bq_s) if groups > 1 else pl.run_scoped(load_query, smem((HEAD_DIM, COLUMNS), jnp.float16))
-    if dequantize_keys and groups == 1:  # q^T once: the keys carry their own scales (bq_s has it otherwise)
-      bq_s[...] = q
-      plgpu.commit_smem()
+    if narrow_scores:  # q's rows straight into the score wgmma's B: no copy in registers
+      plgpu.copy_gmem_to_smem(qt_g.at[pair], bq_s, my_bar)
+      plgpu.barrier_wait(my_bar)
+      q = None
+    else:  # several warpgroups: through bq_s, which the first step overwrites (allocations are the CTA's there)
+      q = load_query(bq_s) if groups > 1 else pl.run_scoped(load_query, smem((HEAD_DIM, COLUMNS), jnp.float16))
+      if dequantize_keys and groups == 1:  # q^T once: the keys carry their own scales (bq_s has it otherwise)
+        bq_s[...] = q
+        plgpu.commit_smem()
     ones_s = group_scratch[-1] if values_scaled_after else None
     if values_scaled_after:  # every warpgroup writes the same ones: each reads them after its own barrier
       for part in range(parts):
@@ -1402,6 +1420,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     column_window = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 1, layout=layout.WGMMA) // (COLUMNS // 2)
     # `eight_column_softmax`: the softmax's columns (8 heads, both windows) and what widens them back to 16
     soft = COLUMNS // 2 if eight_column_softmax else COLUMNS
+    score_columns = soft if narrow_scores else COLUMNS  # S^T's accumulator
+
+    def query_part(part):  # the score wgmma's B for a part's channels: q^T's rows, or q's columns read transposed
+      if narrow_scores:
+        return bq_s.at[:, pl.ds(width * part, width)].transpose((1, 0))
+      return bq_s.at[pl.ds(width * part, width)]
     row_window = plgpu.broadcasted_iota(jnp.int32, (STEP, soft), 0, layout=layout.WGMMA) // WINDOW
 
     def wide_p(p):  # P [64, soft] -> [64, 16] f16, columns 8-15 zero (the V wgmma's B is 16 wide)
@@ -1584,7 +1608,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         else:
           keys = dequantized_keys(kc_s, ks_s, kb_s) if dequantize_keys else unpacked_keys(kc_s)
           for part in range(parts):
-            plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(width * part, width)])
+            plgpu.wgmma(s_acc, keys[part], query_part(part))
         if overlap_values and register_values:
           values_t = transposed_values_of(vc_s, vs_s, vm_s)
         elif overlap_values:
@@ -1592,7 +1616,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         plgpu.wgmma_wait(0)  # with `defer`, also the previous step's V wgmma
         return s_acc[...], values_t
 
-      accumulator = plgpu.ACC((STEP, COLUMNS), jnp.float32)
+      accumulator = plgpu.ACC((STEP, score_columns), jnp.float32)
       if keys_in_smem:  # a scope of its own: registers and shared memory cannot share one
         s, values_t = pl.run_scoped(lambda k_s: pl.run_scoped(lambda acc: scores(acc, k_s), accumulator),
                                     smem((STEP, HEAD_DIM), jnp.float16, 32))
@@ -1672,10 +1696,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         for (kc_s, ks_s, kb_s, *_), s_acc in zip(steps, accumulators):
           keys = dequantized_keys(kc_s, ks_s, kb_s)
           for part in range(parts):
-            plgpu.wgmma(s_acc, keys[part], bq_s.at[pl.ds(width * part, width)])
+            plgpu.wgmma(s_acc, keys[part], query_part(part))
           plgpu.wgmma_wait(0)  # the keys' registers free before the next step's (both in flight spill)
         return tuple(s_acc[...][:, :soft] for s_acc in accumulators)
-      tiles = pl.run_scoped(scores, *(plgpu.ACC((STEP, COLUMNS), jnp.float32) for _ in range(2)))
+      tiles = pl.run_scoped(scores, *(plgpu.ACC((STEP, score_columns), jnp.float32) for _ in range(2)))
       if ranged:  # a range masks past its count
         tiles = [jnp.where(row_window < count - (first_window + 2 * (2 * block + i)), x, _NEG)
                  for i, x in enumerate(tiles)]
@@ -1862,7 +1886,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   # V [64, 128] f16 a slot, where the values go through shared memory; V^T in registers leaves it unread, so a
   # stand-in of 1 KB: a CTA of four warpgroups 123 KB, not 184 (s36; the kernel's time the same on an H100)
   values_shape = (8, 64) if register_values else (STEP, HEAD_DIM)
-  scratch = [smem((*per_group, HEAD_DIM, COLUMNS), jnp.float16, 32),
+  query_shape, query_row_bytes = ((COLUMNS // 2, HEAD_DIM), 2 * width) if narrow_scores else ((HEAD_DIM, COLUMNS), 32)
+  scratch = [smem((*per_group, *query_shape), jnp.float16, query_row_bytes),
              smem((*per_group, slots, *values_shape), jnp.float16, None if register_values else 32),
              smem((*per_group, 2 if token_scaled_p or paired_steps else slots, STEP, COLUMNS), jnp.float16, 32),
              smem((max(bias_rows, 8), COLUMNS), jnp.float32),
@@ -2087,6 +2112,10 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                          fetch_by_one_warp=True, folded_minimums=True,
                                                          eight_column_softmax=True, steps_per_block=2,
                                                          paired_steps=True),
+    # lean_folded_eight with the score wgmma 8 columns wide (`narrow_scores`, s39)
+    "wg4_large_batch_ftz_lean_folded_eight_narrow": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
+                                                         fetch_by_one_warp=True, folded_minimums=True,
+                                                         eight_column_softmax=True, narrow_scores=True),
     # lean_folded_eight with five and six warpgroups a CTA (s39): more warps a scheduler to hide the step's chain
     # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills, main
     # loop 497 and 539 SASS against 459). Slower on an H100, batch 32 x 19,200: 124.7 and 160.2 µs against 105.7

@@ -166,6 +166,34 @@ def test_paired_steps_share_one_softmax(interpret, bits, warpgroups, splits, fir
   assert_range_matches((q, kc, ks, km, vc, vs, vm), first, count, windows, splits, interpret, options)
 
 
+@pytest.mark.parametrize("bits,warpgroups,splits,first,count,windows", [
+    (2, 4, 4, None, None, None), (2, 4, 2, 3, 25, 32), (4, 1, 2, 5, 7, 12)])
+def test_narrow_scores_match(interpret, bits, warpgroups, splits, first, count, windows):
+  """`narrow_scores`: the score wgmma 8 columns wide, its B q's rows read transposed a part at a time (INT2's
+  parts of 32 channels, INT4's of 64); the whole pool and ranges, one and four warpgroups, against float64."""
+  case = random_case(15, 4, 32 * mi.WINDOW, 7, bits)
+  options = dict(warpgroups=warpgroups, overlap_values=warpgroups == 1, dequantize_keys=True, lagged_max=True,
+                 eight_column_softmax=True, narrow_scores=True)
+  if first is None:
+    out = np.asarray(mi.attend(*case, splits=splits, interpret=interpret, options=tuple(options.items())))
+    np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
+    return
+  assert_range_matches(case, first, count, windows, splits, interpret, options)
+
+
+def test_narrow_scores_need_the_eight_column_softmax():
+  with pytest.raises(ValueError, match="narrow_scores"):
+    mi.attend(*random_case(16, 1, 4 * mi.WINDOW, 7), splits=1, options=(("narrow_scores", True),))
+
+
+def test_query_rows_are_q_padded_to_eight_heads_in_f16():
+  q = np.random.default_rng(4).normal(size=(3, 7, mi.HEAD_DIM)).astype(np.float32)
+  got = np.asarray(mi.query_rows(q))
+  assert got.dtype == np.float16 and got.shape == (3, 8, mi.HEAD_DIM)
+  np.testing.assert_array_equal(got[:, :7], q.astype(np.float16))
+  assert not got[:, 7].any()
+
+
 def test_paired_steps_are_refused_where_they_cannot_go():
   q, kc, ks, km, vc, vs, vm = random_case(14, 4, 4 * mi.WINDOW, 7)
   options = dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"], steps_per_block=1)
@@ -279,7 +307,12 @@ def test_splits_and_window_parities_merge(interpret):
                                        for ranged in (False, True) for bits in (2, 4)),  # KIVI's values, s27
                                      # s38: two pairs' splits a CTA; two steps under one softmax
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"], ranged=True, splits=2),
-                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"], ranged=True)])
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"], ranged=True),
+                                     # s39: the score wgmma 8 wide (INT2, and INT4's wider parts); 5 warpgroups
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow"], ranged=True),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow"], ranged=True,
+                                          bits=4, permuted_keys=False),
+                                     dict(mi.VARIANTS["wg5_large_batch_ftz_lean_folded_eight"], ranged=True)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
