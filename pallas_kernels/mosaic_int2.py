@@ -972,7 +972,7 @@ def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False, bits: int = 2
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm, vector
 
-  shape = (HEAD_DIM, COLUMNS)
+  shape = o_t.shape  # [128, 16], or [128, 8] (`narrow_values`: columns 8-15 written as zeros)
 
   @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.RefType()))
   def store(ctx, o_t, o_ref):
@@ -992,6 +992,11 @@ def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False, bits: int = 2
               for k in range(2))
       llvm.inline_asm(ir.Type.parse("!llvm.void"), [arith.addi(base, arith.muli(element, c(4))), x, y],
                       "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f", has_side_effects=True)
+      if shape[1] < COLUMNS:  # the narrow accumulator's columns 8-15: zeros
+        zero = arith.constant(ir.F32Type.get(), 0.0)
+        llvm.inline_asm(ir.Type.parse("!llvm.void"),
+                        [arith.addi(base, arith.muli(arith.addi(element, c(COLUMNS // 2)), c(4))), zero, zero],
+                        "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f", has_side_effects=True)
 
   store(o_t, o_ref)
 
@@ -1113,7 +1118,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 fetch_by_one_warp: bool = False, permuted_keys: bool = False, values_per_token: bool = False,
                 folded_minimums: bool = False, eight_column_softmax: bool = False, values_by_ldmatrix: bool = False,
                 token_scaled_p: bool = False, paired_steps: bool = False, narrow_scores: bool = False,
-                max_windows: int | None = None, range_params=None):
+                narrow_values: bool = False, max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1224,6 +1229,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   `narrow_scores` (with `eight_column_softmax`): the score wgmma 8 columns wide, not 16 (with the keys dequantized
   columns 8-15 copied 0-7): its B is q [8, H] K-major (`query_rows`: G heads padded to 8, f16), read transposed
   by wgmma, a part's channels a slice of its rows; S^T's accumulator [64, 8] (4 registers a thread, not 8).
+  `narrow_values` (with `eight_column_softmax`, O^T in place from V^T in registers): the V wgmma 8 columns wide,
+  not 16 (P's columns 8-15 were zero): P stored transposed, [8, 64] K-major, read transposed by wgmma; O^T's
+  accumulator [128, 8] (8 registers a thread, not 16), its columns 8-15 written as zeros on the way out.
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -1272,6 +1280,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if narrow_scores and not (eight_column_softmax and not (keys_in_smem or bias_in_kernel)):
     raise ValueError("narrow_scores: with eight_column_softmax (the keys dequantized), not keys_in_smem or "
                      "bias_in_kernel")
+  if narrow_values and not (eight_column_softmax and values_in_registers and in_place_values
+                            and not (token_scaled_p or paired_steps or values_by_ldmatrix)):
+    raise ValueError("narrow_values: with eight_column_softmax, values_in_registers and in_place_values, not "
+                     "token_scaled_p, paired_steps or values_by_ldmatrix")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1428,6 +1440,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return bq_s.at[pl.ds(width * part, width)]
     row_window = plgpu.broadcasted_iota(jnp.int32, (STEP, soft), 0, layout=layout.WGMMA) // WINDOW
 
+    value_columns_ = soft if narrow_values else COLUMNS  # O^T's accumulator
+
+    def values_b(p_s):  # the V wgmma's B: P [64, 16], or (`narrow_values`) P^T [8, 64] read transposed
+      return p_s.transpose((1, 0)) if narrow_values else p_s
+
     def wide_p(p):  # P [64, soft] -> [64, 16] f16, columns 8-15 zero (the V wgmma's B is 16 wide)
       if soft == COLUMNS:
         return p.astype(jnp.float16)
@@ -1435,8 +1452,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return jnp.concatenate([p, zeros], axis=1).astype(jnp.float16)
 
     def wide_alpha(alpha, rows=HEAD_DIM):  # alpha [soft] -> over O^T [rows, 16]: columns 8-15 zero (times 1), or
-      if soft == COLUMNS:                  # with `token_scaled_p` the other group's heads (alpha again)
-        return lax.broadcast_in_dim(alpha, (rows, COLUMNS), [1])
+      if soft == COLUMNS or narrow_values:  # with `token_scaled_p` the other group's heads (alpha again)
+        return lax.broadcast_in_dim(alpha, (rows, alpha.shape[0]), [1])
       if token_scaled_p:
         return lax.broadcast_in_dim(jnp.concatenate([alpha, alpha]), (rows, COLUMNS), [1])
       ones = plgpu.layout_cast(jnp.ones((rows, COLUMNS - soft), jnp.float32), layout.WGMMA)
@@ -1446,6 +1463,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return ref[...].reshape(STEP, HEAD_DIM // 32).astype(jnp.float32)
 
     def store_p(p_s, p, vs_s):  # P [64, soft] into the V wgmma's B (with `token_scaled_p`: a tile's, times s)
+      if narrow_values:
+        p_s.transpose((1, 0))[...] = p.astype(jnp.float16)
+        return
       if not token_scaled_p:
         p_s[...] = wide_p(p)
         return
@@ -1663,7 +1683,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         return acc, m_new, l_rows, e
 
       def attend(o_acc):  # a fresh accumulator, added to the rescaled one (interpret mode cannot store to one)
-        plgpu.wgmma(o_acc, v_operand, p_s)
+        plgpu.wgmma(o_acc, v_operand, values_b(p_s))
         plgpu.wgmma_wait(0)
         return o_acc[...]
 
@@ -1684,7 +1704,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       elif token_scaled_p:
         acc = acc + pl.run_scoped(attend_tiles, *(plgpu.ACC((STEP, COLUMNS), jnp.float32) for _ in range(2)))
       else:
-        acc = acc + pl.run_scoped(attend, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
+        acc = acc + pl.run_scoped(attend, plgpu.ACC((HEAD_DIM, value_columns_), jnp.float32))
       return acc, m_new, l_rows, e
 
     def paired_step(block, steps, carry):  # `paired_steps`: 128 keys (two steps' refs) under one softmax
@@ -1728,7 +1748,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         for m in range(2):
           plgpu.wgmma(accumulator[m], v_operand[m], p_s.at[m])
       else:
-        plgpu.wgmma(accumulator, v_operand, p_s)
+        plgpu.wgmma(accumulator, v_operand, values_b(p_s))
 
     def rescale_accumulator(alpha):  # O^T in place, times alpha
       for tile in (o_acc if token_scaled_p else (o_acc,)):
@@ -1775,7 +1795,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       if token_scaled_p:
         e = (jnp.zeros((4, soft), jnp.float32) if interpret is not None
              else plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
-      init = (None if in_place else plgpu.layout_cast(jnp.zeros((HEAD_DIM, COLUMNS), jnp.float32), layout.WGMMA),
+      init = (None if in_place else plgpu.layout_cast(jnp.zeros((HEAD_DIM, value_columns_), jnp.float32),
+                                                      layout.WGMMA),
               plgpu.layout_cast(jnp.full((soft,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
               plgpu.layout_cast(jnp.zeros((STEP, soft), jnp.float32), layout.WGMMA), e)
       if ranged:  # element offsets: the range may start at an odd window; a dynamic trip count
@@ -1847,7 +1868,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       acc, m_run, l_rows, e = pl.run_scoped(lambda *tiles: run_loop(tiles),
                                             *(plgpu.ACC((STEP, COLUMNS), jnp.float32) for _ in range(2)))
     elif in_place:
-      acc, m_run, l_rows, e = pl.run_scoped(run_loop, plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
+      acc, m_run, l_rows, e = pl.run_scoped(run_loop, plgpu.ACC((HEAD_DIM, value_columns_), jnp.float32))
     else:
       acc, m_run, l_rows, e = run_loop()
 
@@ -1868,6 +1889,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         token_scaled_output(o_s)
       elif transposed_values:  # rows back in channel order on the way out
         _store_in_channel_order(acc, o_s, values_by_ldmatrix, bits)
+      elif narrow_values:  # the interpret mode: columns 8-15 empty
+        o_s[...] = jnp.concatenate([acc, jnp.zeros((HEAD_DIM, COLUMNS - soft), jnp.float32)], axis=1)
       else:
         o_s[...] = acc
       ml_s[0] = wide_columns(m_run, _NEG)
@@ -1887,9 +1910,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   # stand-in of 1 KB: a CTA of four warpgroups 123 KB, not 184 (s36; the kernel's time the same on an H100)
   values_shape = (8, 64) if register_values else (STEP, HEAD_DIM)
   query_shape, query_row_bytes = ((COLUMNS // 2, HEAD_DIM), 2 * width) if narrow_scores else ((HEAD_DIM, COLUMNS), 32)
+  p_shape, p_row_bytes = ((COLUMNS // 2, STEP), 2 * STEP) if narrow_values else ((STEP, COLUMNS), 32)
   scratch = [smem((*per_group, *query_shape), jnp.float16, query_row_bytes),
              smem((*per_group, slots, *values_shape), jnp.float16, None if register_values else 32),
-             smem((*per_group, 2 if token_scaled_p or paired_steps else slots, STEP, COLUMNS), jnp.float16, 32),
+             smem((*per_group, 2 if token_scaled_p or paired_steps else slots, *p_shape), jnp.float16, p_row_bytes),
              smem((max(bias_rows, 8), COLUMNS), jnp.float32),
              smem((*per_group, 2, 4), jnp.int32),  # `lagged_max`: the 4 warps' votes, two steps' slots
              plgpu.Barrier(num_arrivals=1, num_barriers=groups)]
@@ -2116,6 +2140,11 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "wg4_large_batch_ftz_lean_folded_eight_narrow": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
                                                          fetch_by_one_warp=True, folded_minimums=True,
                                                          eight_column_softmax=True, narrow_scores=True),
+    # that, the V wgmma 8 wide too (`narrow_values`: P^T K-major, O^T's accumulator [128, 8]; s39)
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both": dict(_LARGE_BATCH, values_in_registers=True,
+                                                              permuted_keys=True, fetch_by_one_warp=True,
+                                                              folded_minimums=True, eight_column_softmax=True,
+                                                              narrow_scores=True, narrow_values=True),
     # lean_folded_eight with five and six warpgroups a CTA (s39): more warps a scheduler to hide the step's chain
     # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills, main
     # loop 497 and 539 SASS against 459). Slower on an H100, batch 32 x 19,200: 124.7 and 160.2 µs against 105.7
