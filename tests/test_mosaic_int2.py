@@ -166,19 +166,24 @@ def test_paired_steps_share_one_softmax(interpret, bits, warpgroups, splits, fir
   assert_range_matches((q, kc, ks, km, vc, vs, vm), first, count, windows, splits, interpret, options)
 
 
-@pytest.mark.parametrize("bits,warpgroups,splits,first,count,windows", [
-    (2, 4, 4, None, None, None), (2, 4, 2, 3, 25, 32), (4, 1, 2, 5, 7, 12)])
-def test_narrow_scores_match(interpret, bits, warpgroups, splits, first, count, windows):
+@pytest.mark.parametrize("bits,warpgroups,splits,first,count,windows,narrow_values", [
+    (2, 4, 4, None, None, None, False), (2, 4, 2, 3, 25, 32, False), (4, 1, 2, 5, 7, 12, False),
+    (2, 4, 4, None, None, None, True), (2, 4, 2, 3, 25, 32, True), (4, 1, 2, 5, 7, 12, True)])
+def test_narrow_wgmmas_match(interpret, bits, warpgroups, splits, first, count, windows, narrow_values):
   """`narrow_scores`: the score wgmma 8 columns wide, its B q's rows read transposed a part at a time (INT2's
-  parts of 32 channels, INT4's of 64); the whole pool and ranges, one and four warpgroups, against float64."""
+  parts of 32 channels, INT4's of 64); with `narrow_values` the V wgmma too (P^T stored transposed, O^T's
+  columns 8-15 zeros); the whole pool and ranges, one and four warpgroups, against float64."""
   case = random_case(15, 4, 32 * mi.WINDOW, 7, bits)
   options = dict(warpgroups=warpgroups, overlap_values=warpgroups == 1, dequantize_keys=True, lagged_max=True,
                  eight_column_softmax=True, narrow_scores=True)
+  if narrow_values:
+    options.update(narrow_values=True, values_in_registers=True, in_place_values=True, magic_exponents=True)
   if first is None:
     out = np.asarray(mi.attend(*case, splits=splits, interpret=interpret, options=tuple(options.items())))
     np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
     return
-  assert_range_matches(case, first, count, windows, splits, interpret, options)
+  o_t = assert_range_matches(case, first, count, windows, splits, interpret, options)
+  assert not np.asarray(o_t)[..., mi.COLUMNS // 2:].any()  # the output's columns 8-15 stay empty
 
 
 def test_narrow_scores_need_the_eight_column_softmax():
@@ -312,7 +317,16 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow"], ranged=True),
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow"], ranged=True,
                                           bits=4, permuted_keys=False),
-                                     dict(mi.VARIANTS["wg5_large_batch_ftz_lean_folded_eight"], ranged=True)])
+                                     dict(mi.VARIANTS["wg5_large_batch_ftz_lean_folded_eight"], ranged=True),
+                                     # s39: both wgmmas 8 wide; and a step's V wgmma in the next scores' stage
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"],
+                                          ranged=True),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_overlapped"],
+                                          ranged=True),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_overlapped"],
+                                          splits=4),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_overlapped"],
+                                          ranged=True, bits=4, permuted_keys=False)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
@@ -700,7 +714,7 @@ def test_bad_shapes_are_refused():
 # magic exponents, ldmatrix, registers for V^T) are held to their lowering for CUDA instead.
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
                                      "int2_int4", "merged", "values_after", "ftz", "ftz_block2", "vregs_int4",
-                                     "lean_eight", "two_splits", "paired"])
+                                     "lean_eight", "two_splits", "paired", "overlapped"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -737,7 +751,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, lean_eight=qd.MOSAIC_LEAN_EIGHT,
                 # one SM of 4 programs: its 4 pairs take 2 splits, two pairs a CTA
                 two_splits=dataclasses.replace(qd.MOSAIC_DEFAULT, multiprocessors=1),
-                paired=qd.MOSAIC_PAIRED)[variant]  # INT2's blocks of two steps, INT4's a step
+                paired=qd.MOSAIC_PAIRED,  # INT2's blocks of two steps, INT4's a step
+                overlapped=qd.MOSAIC_OVERLAPPED)[variant]  # narrow wgmmas (the interpret mode: the plain loop)
   if variant == "two_splits":
     assert qd.mosaic_splits(b * kh, 3, config) == 2
   pool_tokens = tuple(w * window for w in slice_windows)
