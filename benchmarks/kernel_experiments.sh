@@ -41,6 +41,7 @@
 #   bash benchmarks/kernel_experiments.sh paired    # (s38; s39 H100: no faster) two steps under one softmax
 #   bash benchmarks/kernel_experiments.sh warpgroups  # (s39; H100: slower) five and six warpgroups a CTA
 #   bash benchmarks/kernel_experiments.sh ncu_s39   # (s39) the default, paired and five warpgroups under ncu
+#   bash benchmarks/kernel_experiments.sh narrow    # (s39; H100: kernel 1.0-1.3 % faster) both wgmmas 8 wide
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -154,6 +155,17 @@ case "${1:-}" in
       timeout 200 python benchmarks/kernel_ncu.py profile --plans mosaic_int2 --kernel kernel_mosaic --variant "$v" \
         --batch 32 --tokens 19968 --splits 4 --out "$out/ncu_$v" --summary || echo "(stopped: ncu $v)"
     done ;;
+  narrow)  # (s39) both wgmmas 8 columns wide (`narrow_scores`, `narrow_values`) against the default: INT2 kernels at
+           # batch 32 and 60, issue 5's batch 60 x 32k, the 7B step at 32 x 100 (s39's call 8 timed these beside
+           # `overlapped_steps`, since removed: 31 % slower)
+    bench --batches 32 60 --variants wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_narrow \
+      wg4_large_batch_ftz_lean_folded_eight_narrow_both --tag mosaic_int2_${tag}_narrow || echo "(stopped: narrow)"
+    timeout 120 python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
+      --variants default,mosaic_narrow --inner 1 --back-to-back 32 --gpu-time --out "$out" --tag ${tag}_b60_narrow \
+      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: narrow, b60)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 200 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_narrow --methods fp16 windowquant --out "$out" --budget-s 180 \
+      --tag ${tag}_narrow || echo "(stopped: narrow, step)" ;;
   ncu_s39)  # (s39) what changed where the time did not: the default, paired steps and five warpgroups under
             # Nsight Compute, batch 32 x 19,200 (whole splits at 4 and 5), pages packed into one archive
     for v in wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_paired \
@@ -220,6 +232,6 @@ case "${1:-}" in
         --variants default,mosaic_four_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_$tokens \
         --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: $tokens)"
     done ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38|paired|warpgroups|ncu_s39" >&2
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38|paired|warpgroups|ncu_s39|narrow" >&2
      exit 2 ;;
 esac

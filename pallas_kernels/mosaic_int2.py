@@ -1118,8 +1118,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 fetch_by_one_warp: bool = False, permuted_keys: bool = False, values_per_token: bool = False,
                 folded_minimums: bool = False, eight_column_softmax: bool = False, values_by_ldmatrix: bool = False,
                 token_scaled_p: bool = False, paired_steps: bool = False, narrow_scores: bool = False,
-                narrow_values: bool = False, overlapped_steps: bool = False, max_windows: int | None = None,
-                range_params=None):
+                narrow_values: bool = False, max_windows: int | None = None, range_params=None):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1233,12 +1232,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   `narrow_values` (with `eight_column_softmax`, O^T in place from V^T in registers): the V wgmma 8 columns wide,
   not 16 (P's columns 8-15 were zero): P stored transposed, [8, 64] K-major, read transposed by wgmma; O^T's
   accumulator [128, 8] (8 registers a thread, not 16), its columns 8-15 written as zeros on the way out.
-  `overlapped_steps` (with both narrow options, several warpgroups, a step a block; the interpret mode runs the
-  plain loop): step i's V wgmma and step i + 1's score wgmma in one wgmma stage, waited for once: after step i's
-  softmax and V^T the next block's keys are unpacked (its copies waited for), then both wgmmas are issued. ptxas
-  serializes wgmmas whose register operands are defined while a stage is open (C7513), so this is the order in
-  which the V wgmma's latency overlaps the next scores' rather than opening the step (s36's largest stall). V^T(i)
-  and K(i + 1) live at once: the narrow accumulators' 12 registers pay for it.
+  Both narrow (variant `..._narrow_both`, "pallas:mosaic_narrow"): HGMMA.64x8x16 only, 124 registers; on an H100
+  1.0-1.3 % faster than the wide kernel (s39, one run), opt-in.
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -1291,8 +1286,6 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                             and not (token_scaled_p or paired_steps or values_by_ldmatrix)):
     raise ValueError("narrow_values: with eight_column_softmax, values_in_registers and in_place_values, not "
                      "token_scaled_p, paired_steps or values_by_ldmatrix")
-  if overlapped_steps and not (narrow_scores and narrow_values and warpgroups > 1 and steps_per_block == 1):
-    raise ValueError("overlapped_steps: with narrow_scores and narrow_values, several warpgroups, a step a block")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1830,9 +1823,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         specs[4:] = [token_metadata(), token_metadata()]
       if bias_in_kernel:  # computed before the loop, into bias_s
         del specs[2], inputs[2]
-      if groups > 1 and overlapped_steps and interpret is None:
-        acc, m_run, l_rows, e = overlapped_pipeline(init)
-      elif groups > 1:
+      if groups > 1:
         acc, m_run, l_rows, e = group_pipeline(init)
       else:
         pipeline = plgpu.emit_pipeline(block, grid=(my_blocks,), max_concurrent_steps=stages, init_carry=init,
@@ -1842,74 +1833,6 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         plgpu.wgmma_wait(0)
         acc = tuple(tile[...] for tile in o_acc) if token_scaled_p else o_acc[...]
       return acc, m_run, l_rows, e
-
-    def overlapped_pipeline(init):  # `overlapped_steps`: group_pipeline's copies, a step's wgmmas in two stages
-      buffers = [b.at[wg] for b in group_scratch[3:9]]
-      barriers = group_scratch[9]
-      sources = [kc_g, ks_g, kb_g, vc_g, vs_g, vm_g]
-      rows = [STEP, 2, 2, STEP, 2, 2]
-      first = [WINDOW * start, start, start, WINDOW * start, start, start]
-      p_s = p_slots.at[0]
-
-      def fetch(index):  # block `index` of the split into its slot
-        slot = lax.rem(index, stages)
-        for source, buffer, n, f in zip(sources, buffers, rows, first):
-          plgpu.copy_gmem_to_smem(source.at[pair, pl.ds(f + n * (begin + index), n)], buffer.at[slot],
-                                  barriers.at[wg * stages + slot])
-
-      def slot_refs(index):
-        slot = lax.rem(index, stages)
-        plgpu.barrier_wait(barriers.at[wg * stages + slot])
-        return [b.at[slot] for b in buffers]
-
-      def issue_scores(refs, s_acc):  # the keys of a block's refs unpacked, its score wgmma issued
-        kc_s, ks_s, kb_s = refs[:3]
-        keys = dequantized_keys(kc_s, ks_s, kb_s)
-        for part in range(parts):
-          plgpu.wgmma(s_acc, keys[part], query_part(part))
-
-      # Block 0 is fetched even where the split has none (past its range TMA reads zeros; its scores unused):
-      # the loop then opens on scores already waited for.
-      fetch(0)
-      for index in range(1, stages):
-        pl.when(index < my_blocks)(functools.partial(fetch, index))
-
-      def first_scores(s_acc):
-        issue_scores(slot_refs(0), s_acc)
-        plgpu.wgmma_wait(0)
-        return s_acc[...]
-      scores0 = pl.run_scoped(first_scores, plgpu.ACC((STEP, soft), jnp.float32))
-      _, m0, l0, e0 = init
-
-      def body(index, carry):
-        m_run, l_rows, s = carry
-        refs = [b.at[lax.rem(index, stages)] for b in buffers]  # waited for in the iteration before
-        vc_s, vs_s, vm_s = refs[3:]
-        if ranged:  # a range masks past its count
-          s = jnp.where(row_window < count - (first_window + 2 * index), s, _NEG)
-        m_new, (p,), alpha, _ = lagged_softmax((s,), m_run, (p_s,), vote_slots.at[lax.rem(index, 2)], vs_s, None)
-        l_rows = l_rows * lax.broadcast_in_dim(alpha, s.shape, [1]) + p
-        values_t = transposed_values_of(vc_s, vs_s, vm_s)
-
-        def with_next(s_acc):  # V(i) and S(i + 1) in one stage
-          issue_scores(slot_refs(index + 1), s_acc)  # keys unpacked before the stage opens
-          values_wgmma(o_acc, values_t, p_s)
-          plgpu.wgmma_wait(0)
-          return s_acc[...]
-
-        def last(s_acc):
-          values_wgmma(o_acc, values_t, p_s)
-          plgpu.wgmma_wait(0)
-          return s
-        s_next = pl.run_scoped(lambda s_acc: lax.cond(index + 1 < my_blocks, lambda: with_next(s_acc),
-                                                      lambda: last(s_acc)),
-                               plgpu.ACC((STEP, soft), jnp.float32))
-        # Both wgmmas done: the slot's codes were read into registers before them.
-        plgpu.warp_map(lambda warp: pl.when((warp == 0) & (index + stages < my_blocks))(
-            lambda: fetch(index + stages)))
-        return m_new, l_rows, s_next
-      m_run, l_rows, _ = lax.fori_loop(0, my_blocks, body, (m0, l0, scores0))
-      return None, m_run, l_rows, e0
 
     def group_pipeline(init):  # `emit_pipeline` by hand: its allocations would be the CTA's, not the group's
       buffers = [b.at[wg] for b in group_scratch[3:9]]
@@ -2215,21 +2138,17 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                          fetch_by_one_warp=True, folded_minimums=True,
                                                          eight_column_softmax=True, steps_per_block=2,
                                                          paired_steps=True),
-    # lean_folded_eight with the score wgmma 8 columns wide (`narrow_scores`, s39)
+    # lean_folded_eight with the score wgmma 8 columns wide (`narrow_scores`, s39; H100: 110.3 / 213.1 µs at batch
+    # 32 / 60 x 19,968 against 109.4 / 213.5)
     "wg4_large_batch_ftz_lean_folded_eight_narrow": dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True,
                                                          fetch_by_one_warp=True, folded_minimums=True,
                                                          eight_column_softmax=True, narrow_scores=True),
-    # that, the V wgmma 8 wide too (`narrow_values`: P^T K-major, O^T's accumulator [128, 8]; s39)
+    # that, the V wgmma 8 wide too (`narrow_values`: P^T K-major, O^T's accumulator [128, 8]; s39; H100: 107.5 /
+    # 206.7 µs against 108.6 / 209.5, `mosaic_int2_s39_overlapped_h100.md`)
     "wg4_large_batch_ftz_lean_folded_eight_narrow_both": dict(_LARGE_BATCH, values_in_registers=True,
                                                               permuted_keys=True, fetch_by_one_warp=True,
                                                               folded_minimums=True, eight_column_softmax=True,
                                                               narrow_scores=True, narrow_values=True),
-    # that, step i's V wgmma and step i + 1's score wgmma in one stage (`overlapped_steps`, s39)
-    "wg4_large_batch_ftz_lean_folded_eight_overlapped": dict(_LARGE_BATCH, values_in_registers=True,
-                                                             permuted_keys=True, fetch_by_one_warp=True,
-                                                             folded_minimums=True, eight_column_softmax=True,
-                                                             narrow_scores=True, narrow_values=True,
-                                                             overlapped_steps=True),
     # lean_folded_eight with five and six warpgroups a CTA (s39): more warps a scheduler to hide the step's chain
     # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills, main
     # loop 497 and 539 SASS against 459). Slower on an H100, batch 32 x 19,200: 124.7 and 160.2 µs against 105.7

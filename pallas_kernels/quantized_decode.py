@@ -351,10 +351,11 @@ MOSAIC_FOUR_SPLITS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_min_splits=4)  #
 # the vote's rare branch; `results/decode_attention_notes.md`, "Session 39").
 MOSAIC_PAIRED = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
     mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"].items()))
-# (s39) The default with both wgmmas 8 columns wide and step i's V wgmma in one stage with step i + 1's scores
-# (`mosaic_int2`'s `overlapped_steps`); KIVI's pools keep the default's wide path (`pool_options`).
-MOSAIC_OVERLAPPED = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
-    mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_overlapped"].items()))
+# (s39) The default with both wgmmas 8 columns wide (`mosaic_int2`'s `narrow_scores`, `narrow_values`: with the keys
+# dequantized S^T's columns 8-15 copied 0-7 and P's were zero); KIVI's pools keep the wide V wgmma (`pool_options`).
+# The INT2 kernel 1.0-1.3 % faster on an H100 (one run, `results/mosaic_int2_s39_overlapped_h100.md`); opt-in.
+MOSAIC_NARROW = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
+    mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"].items()))
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 38 (MOSAIC_FOUR_SPLITS in
 # s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before it MOSAIC_LEAN_ALL
 # (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06 against 10.13,
@@ -949,8 +950,7 @@ def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool 
   if bits != 2 and (kivi or not int4_permuted_keys):
     options["permuted_keys"] = False
   if kivi:  # KIVI's values go through shared memory, or (`token_scaled_p`) scale P
-    options.pop("narrow_values", None)  # V^T in registers only (and the overlapped steps that need it)
-    options.pop("overlapped_steps", None)
+    options.pop("narrow_values", None)  # V^T in registers only
     options["folded_minimums"] = False
     options.pop("values_by_ldmatrix", None)
     if kivi_token_scaled:

@@ -318,14 +318,11 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow"], ranged=True,
                                           bits=4, permuted_keys=False),
                                      dict(mi.VARIANTS["wg5_large_batch_ftz_lean_folded_eight"], ranged=True),
-                                     # s39: both wgmmas 8 wide; and a step's V wgmma in the next scores' stage
+                                     # s39: both wgmmas 8 wide (INT2, whole pool and range; INT4)
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"],
                                           ranged=True),
-                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_overlapped"],
-                                          ranged=True),
-                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_overlapped"],
-                                          splits=4),
-                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_overlapped"],
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"], splits=4),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"],
                                           ranged=True, bits=4, permuted_keys=False)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
@@ -714,7 +711,7 @@ def test_bad_shapes_are_refused():
 # magic exponents, ldmatrix, registers for V^T) are held to their lowering for CUDA instead.
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
                                      "int2_int4", "merged", "values_after", "ftz", "ftz_block2", "vregs_int4",
-                                     "lean_eight", "two_splits", "paired", "overlapped"])
+                                     "lean_eight", "two_splits", "paired", "narrow"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -752,7 +749,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 # one SM of 4 programs: its 4 pairs take 2 splits, two pairs a CTA
                 two_splits=dataclasses.replace(qd.MOSAIC_DEFAULT, multiprocessors=1),
                 paired=qd.MOSAIC_PAIRED,  # INT2's blocks of two steps, INT4's a step
-                overlapped=qd.MOSAIC_OVERLAPPED)[variant]  # narrow wgmmas (the interpret mode: the plain loop)
+                narrow=qd.MOSAIC_NARROW)[variant]  # both wgmmas 8 wide
   if variant == "two_splits":
     assert qd.mosaic_splits(b * kh, 3, config) == 2
   pool_tokens = tuple(w * window for w in slice_windows)
