@@ -42,6 +42,7 @@
 #   bash benchmarks/kernel_experiments.sh warpgroups  # (s39; H100: slower) five and six warpgroups a CTA
 #   bash benchmarks/kernel_experiments.sh ncu_s39   # (s39) the default, paired and five warpgroups under ncu
 #   bash benchmarks/kernel_experiments.sh narrow    # (s39; H100: kernel 1.0-1.3 % faster) both wgmmas 8 wide
+#   bash benchmarks/kernel_experiments.sh h200_s39  # (s39) the bars' rows, short: 32 x 100, 60 x 5, issue 5's 32k
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -205,6 +206,14 @@ case "${1:-}" in
     timeout 100 python benchmarks/decode_attention.py --tokens 32768 --plans mix --inner 1 --gpu-time --out "$out" \
       --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --batches 8,60 \
       --back-to-back 32 --tag ${tag}_bars || echo "(stopped: h200_s38, bars)" ;;
+  h200_s39)  # (s39) the bars' rows on an H200 in ~5 minutes of device time: issue 6's 32 x 100 (fp16, windowquant,
+             # kivi2) and 60 x 5 (windowquant, kivi2, fp16), then issue 5's batch 60 and 8 x 32k (as `bars`)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 250 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
+      --attention pallas --methods fp16 windowquant kivi2 --out "$out" --budget-s 210 \
+      --tag ${tag}_bars_steps || echo "(stopped: h200_s39, steps)"
+    timeout 80 python benchmarks/decode_attention.py --tokens 32768 --plans mix --inner 1 --gpu-time --out "$out" \
+      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --batches 8,60 \
+      --back-to-back 32 --tag ${tag}_bars || echo "(stopped: h200_s39, bars)" ;;
   paired)  # (s38, for the next device) `paired_steps`: a block's two steps under one softmax (793 SASS a 128 keys
            # offline against 2 x 459): the INT2 kernel at batch 32 and 60 (float64 checks first), issue 5's batch
            # 60 x 32k (mix, int2), then the 7B step at 32 x 100 (issue 6's 80 %: windowquant, fp16 beside)
@@ -232,6 +241,6 @@ case "${1:-}" in
         --variants default,mosaic_four_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_$tokens \
         --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: $tokens)"
     done ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38|paired|warpgroups|ncu_s39|narrow" >&2
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38|paired|warpgroups|ncu_s39|narrow|h200_s39" >&2
      exit 2 ;;
 esac
