@@ -52,6 +52,19 @@ set -euo pipefail
 out=${OUT:-benchmarks/results}
 tag=${TAG:-s39}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
+# A variant against the default: the INT2 kernel at batch 32 and 60 (its mosaic_int2 variants $1 beside the default's,
+# float64 checks first), issue 5's batch 60 x 32k (mix, int2) under quantized_decode's configuration $2, and the 7B
+# step at 32 x 100 under "pallas:$2" (windowquant, fp16 beside); results tagged ${tag}_$3
+against_default() {
+  bench --batches 32 60 --variants wg4_large_batch_ftz_lean_folded_eight $1 --tag mosaic_int2_${tag}_$3 \
+    || echo "(stopped: $3, INT2 kernels)"
+  timeout 130 python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
+    --variants default,$2 --inner 1 --back-to-back 32 --gpu-time --out "$out" --tag ${tag}_b60_$3 \
+    --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: $3, b60)"
+  XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 32x100 \
+    --attention pallas pallas:$2 --methods fp16 windowquant --out "$out" --budget-s 260 --tag ${tag}_$3 \
+    || echo "(stopped: $3, step)"
+}
 case "${1:-}" in
   kernels)
     bench --batches 32 60 --variants wg4_large_batch_ftz_vregs_permuted_keys_one_warp_fetch \
@@ -159,14 +172,8 @@ case "${1:-}" in
   narrow)  # (s39) both wgmmas 8 columns wide (`narrow_scores`, `narrow_values`) against the default: INT2 kernels at
            # batch 32 and 60, issue 5's batch 60 x 32k, the 7B step at 32 x 100 (s39's call 8 timed these beside
            # `overlapped_steps`, since removed: 31 % slower)
-    bench --batches 32 60 --variants wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_narrow \
-      wg4_large_batch_ftz_lean_folded_eight_narrow_both --tag mosaic_int2_${tag}_narrow || echo "(stopped: narrow)"
-    timeout 120 python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
-      --variants default,mosaic_narrow --inner 1 --back-to-back 32 --gpu-time --out "$out" --tag ${tag}_b60_narrow \
-      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: narrow, b60)"
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 200 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_narrow --methods fp16 windowquant --out "$out" --budget-s 180 \
-      --tag ${tag}_narrow || echo "(stopped: narrow, step)" ;;
+    against_default "wg4_large_batch_ftz_lean_folded_eight_narrow wg4_large_batch_ftz_lean_folded_eight_narrow_both" \
+      mosaic_narrow narrow ;;
   ncu_s39)  # (s39) what changed where the time did not: the default, paired steps and five warpgroups under
             # Nsight Compute, batch 32 x 19,200 (whole splits at 4 and 5), pages packed into one archive
     for v in wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_paired \
@@ -217,14 +224,7 @@ case "${1:-}" in
   paired)  # (s38, for the next device) `paired_steps`: a block's two steps under one softmax (793 SASS a 128 keys
            # offline against 2 x 459): the INT2 kernel at batch 32 and 60 (float64 checks first), issue 5's batch
            # 60 x 32k (mix, int2), then the 7B step at 32 x 100 (issue 6's 80 %: windowquant, fp16 beside)
-    bench --batches 32 60 --variants wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_paired \
-      --tag mosaic_int2_${tag}_paired || echo "(stopped: paired, INT2 kernels)"
-    timeout 130 python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
-      --variants default,mosaic_paired --inner 1 --back-to-back 32 --gpu-time --out "$out" --tag ${tag}_b60_paired \
-      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: paired, b60)"
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_paired --methods fp16 windowquant --out "$out" --budget-s 260 \
-      --tag ${tag}_paired || echo "(stopped: paired, step)" ;;
+    against_default wg4_large_batch_ftz_lean_folded_eight_paired mosaic_paired paired ;;
   warpgroups)  # (s39) five and six warpgroups a CTA (96 and 80 registers a thread) against four, INT2 kernels at
                # batch 32 and 60 x 19,200 tokens (a multiple of 4, 5 and 6 steps of 64: no split reads a range)
     python -m benchmarks.mosaic_int2_bench --tokens 19200 --splits 4 --out "$out" --batches 32 60 \
