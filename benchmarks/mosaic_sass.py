@@ -14,7 +14,10 @@ the device's compute capability. For each variant this script
 Needs Python >= 3.12, `jax==0.11.2 jaxlib`, `triton` (ptxas 12.9, libdevice) and the plugin's shared library
 (`--plugin`, default: fetched once by `pip download --no-deps jax-cuda12-pjrt==<jax version>` into `--cache`,
 188 MB). Counts are ptxas 12.9's, for PTX ISA 8.8; the H200's ptxas (ISA 9.0) gave the same 622 SASS in the
-session-26 default's main loop. They compare variants' instructions; only the device times them.
+session-26 default's main loop. They compare variants' instructions; only the device times them. A loop's count
+is every instruction it spans, branches rarely taken included (the lagged maximum's recompute): an upper bound of
+what a step executes. ncu's source page counts executions (s39: the default's 459 spans 333 executed a step, and
+s38's paired steps, 793 against 2 x 459 here, executed 691 against 2 x 333: their cut was the rare branch).
 
     PYTHONPATH=. python benchmarks/mosaic_sass.py --variants wg4_large_batch_ftz_vregs \
         wg4_large_batch_ftz_vregs_one_warp_fetch --tag mosaic_sass_s27
