@@ -43,6 +43,7 @@
 #   bash benchmarks/kernel_experiments.sh ncu_s39   # (s39) the default, paired and five warpgroups under ncu
 #   bash benchmarks/kernel_experiments.sh narrow    # (s39; H100: kernel 1.0-1.3 % faster) both wgmmas 8 wide
 #   bash benchmarks/kernel_experiments.sh h200_s39  # (s39) the bars' rows, short: 32 x 100, 60 x 5, issue 5's 32k
+#   bash benchmarks/kernel_experiments.sh steps_s39  # (s39) 60 x 5 without split-K GEMMs; 32 x 100 narrow
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -221,6 +222,15 @@ case "${1:-}" in
     timeout 80 python benchmarks/decode_attention.py --tokens 32768 --plans mix --inner 1 --gpu-time --out "$out" \
       --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --batches 8,60 \
       --back-to-back 32 --tag ${tag}_bars || echo "(stopped: h200_s39, bars)" ;;
+  steps_s39)  # (s39, what an H100 gets if no H200 comes) the 7B step: 60 x 5 windowquant with XLA's split-K GEMMs
+              # off (the o and down products' f32 partials, 6.9 MB a product at batch 60, are read back by the
+              # residual adds), then 32 x 100 windowquant with both wgmmas 8 wide ("pallas:mosaic_narrow")
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 150 python -m benchmarks.decode_throughput --settings 60x5 \
+      --attention pallas --methods windowquant --out "$out" --budget-s 130 --tag ${tag}_splitk \
+      --xla-options 'no_split_k={"xla_gpu_enable_split_k_autotuning": false}' || echo "(stopped: split-K)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 170 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_narrow --methods windowquant --out "$out" --budget-s 150 \
+      --tag ${tag}_narrow_step || echo "(stopped: narrow step)" ;;
   paired)  # (s38, for the next device) `paired_steps`: a block's two steps under one softmax (793 SASS a 128 keys
            # offline against 2 x 459): the INT2 kernel at batch 32 and 60 (float64 checks first), issue 5's batch
            # 60 x 32k (mix, int2), then the 7B step at 32 x 100 (issue 6's 80 %: windowquant, fp16 beside)
@@ -241,6 +251,6 @@ case "${1:-}" in
         --variants default,mosaic_four_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_$tokens \
         --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: $tokens)"
     done ;;
-  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38|paired|warpgroups|ncu_s39|narrow|h200_s39" >&2
+  *) echo "usage: $0 kernels|mix|overlap|step|bars|small|combine|combine_step|batch8|pool512|h200|vldsm|vldsm_step|ncu|profile|kivi|profile_small|headline|two_splits|h200_s38|paired|warpgroups|ncu_s39|narrow|h200_s39|steps_s39" >&2
      exit 2 ;;
 esac
