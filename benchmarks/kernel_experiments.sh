@@ -227,7 +227,7 @@ case "${1:-}" in
               # residual adds), then 32 x 100 windowquant with both wgmmas 8 wide ("pallas:mosaic_narrow")
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 150 python -m benchmarks.decode_throughput --settings 60x5 \
       --attention pallas --methods windowquant --out "$out" --budget-s 130 --tag ${tag}_splitk \
-      --xla-options 'no_split_k={"xla_gpu_enable_split_k_autotuning": false}' || echo "(stopped: split-K)"
+      --xla-options 'no_split_k={"xla_gpu_experimental_force_split_k": 1}' || echo "(stopped: split-K)"
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 170 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_narrow --methods windowquant --out "$out" --budget-s 150 \
       --tag ${tag}_narrow_step || echo "(stopped: narrow step)" ;;
