@@ -806,8 +806,9 @@ def test_kivi_pools_through_quantized_decode(interpret):
                 interpret=interpret is not None)
   want = qd.reference(qg * h ** -0.5, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                       window_size=window)
+  # MOSAIC_NARROW: KIVI's pools take its narrow score wgmma, not its narrow V wgmma (`pool_options`)
   for config, launches in ((qd.MOSAIC_KIVI, 3), (qd.MOSAIC_KIVI_SCALED_P, 3),
-                           (qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, 1)):
+                           (qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, 1), (qd.MOSAIC_NARROW, 3)):
     out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, config=config,
                               **kwargs)
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=3e-3, rtol=0)

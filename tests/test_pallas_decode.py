@@ -211,6 +211,11 @@ def test_pool_options_keep_permuted_keys_to_int2():
   for bits, kivi in ((4, False), (2, True), (4, True)):
     options = qd.pool_options(paired, bits, kivi=kivi)
     assert "paired_steps" not in options and options["steps_per_block"] == 1
+  narrow = dict(qd.MOSAIC_NARROW.mosaic_options)  # both wgmmas 8 wide (s39): KIVI's pools the score side only
+  assert all(qd.pool_options(narrow, bits, kivi=False)["narrow_values"] for bits in (2, 4))
+  for bits in (2, 4):
+    options = qd.pool_options(narrow, bits, kivi=True)
+    assert options["narrow_scores"] and "narrow_values" not in options
 
 
 def test_registered_as_pallas_on_a_bf16_cache():
