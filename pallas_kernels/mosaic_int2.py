@@ -12,9 +12,9 @@ minimums): one number a window and head, computed before the kernel by XLA (`key
 minimums once, as the kernel would) and added to a step's scores.
 
 Column c of S^T is query head c % 8 of window c // 8 of the step (GQA groups of up to 8 heads): the two
-windows of a step have different scales. (N = 8 would do with B K-major, which Mosaic's wgmma takes; with the
-keys dequantized columns 8-15 are copies, and P's are zero. The tensor pipe was 22.7 % busy in s36's ncu
-profile, so halving its work is not the lever it would seem.) Each
+windows of a step have different scales. (With the keys dequantized columns 8-15 are copies and P's are zero:
+`narrow_scores` and `narrow_values` run both wgmmas 8 wide, B K-major; 1.0-1.3 % faster on an H100, s39, the
+tensor pipe being 22.7 % busy in s36's ncu profile: its work was not the bound.) Each
 column keeps its own running max and sum, so window parity is a split of the key axis that the combine
 merges with the others; entries of the other window are masked to -inf.
 
@@ -1442,7 +1442,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return bq_s.at[pl.ds(width * part, width)]
     row_window = plgpu.broadcasted_iota(jnp.int32, (STEP, soft), 0, layout=layout.WGMMA) // WINDOW
 
-    value_columns_ = soft if narrow_values else COLUMNS  # O^T's accumulator
+    o_columns = soft if narrow_values else COLUMNS  # O^T's accumulator
 
     def values_b(p_s):  # the V wgmma's B: P [64, 16], or (`narrow_values`) P^T [8, 64] read transposed
       return p_s.transpose((1, 0)) if narrow_values else p_s
@@ -1706,7 +1706,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       elif token_scaled_p:
         acc = acc + pl.run_scoped(attend_tiles, *(plgpu.ACC((STEP, COLUMNS), jnp.float32) for _ in range(2)))
       else:
-        acc = acc + pl.run_scoped(attend, plgpu.ACC((HEAD_DIM, value_columns_), jnp.float32))
+        acc = acc + pl.run_scoped(attend, plgpu.ACC((HEAD_DIM, o_columns), jnp.float32))
       return acc, m_new, l_rows, e
 
     def paired_step(block, steps, carry):  # `paired_steps`: 128 keys (two steps' refs) under one softmax
@@ -1797,7 +1797,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       if token_scaled_p:
         e = (jnp.zeros((4, soft), jnp.float32) if interpret is not None
              else plgpu.layout_cast(jnp.zeros((STEP, COLUMNS), jnp.float32), layout.WGMMA))
-      init = (None if in_place else plgpu.layout_cast(jnp.zeros((HEAD_DIM, value_columns_), jnp.float32),
+      init = (None if in_place else plgpu.layout_cast(jnp.zeros((HEAD_DIM, o_columns), jnp.float32),
                                                       layout.WGMMA),
               plgpu.layout_cast(jnp.full((soft,), _NEG, jnp.float32), layout.WGMMA.reduce(0)),
               plgpu.layout_cast(jnp.zeros((STEP, soft), jnp.float32), layout.WGMMA), e)
@@ -1870,7 +1870,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       acc, m_run, l_rows, e = pl.run_scoped(lambda *tiles: run_loop(tiles),
                                             *(plgpu.ACC((STEP, COLUMNS), jnp.float32) for _ in range(2)))
     elif in_place:
-      acc, m_run, l_rows, e = pl.run_scoped(run_loop, plgpu.ACC((HEAD_DIM, value_columns_), jnp.float32))
+      acc, m_run, l_rows, e = pl.run_scoped(run_loop, plgpu.ACC((HEAD_DIM, o_columns), jnp.float32))
     else:
       acc, m_run, l_rows, e = run_loop()
 
