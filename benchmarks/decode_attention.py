@@ -492,7 +492,7 @@ VARIANTS = {
     "mosaic_wg4_kivi_scaled_p": qd.MOSAIC_KIVI_SCALED_P,  # that, KIVI's values from registers, P scaled (s37)
     "mosaic_four_splits": qd.MOSAIC_FOUR_SPLITS,  # s37's default: 4 splits at least (2 since s38, batch >= 45)
     "mosaic_paired": qd.MOSAIC_PAIRED,  # the default, two steps under one softmax (INT2 pools; s38; no faster, s39)
-    "mosaic_narrow": qd.MOSAIC_NARROW,  # the default, both wgmmas 8 columns wide (s39)
+    "mosaic_wide": qd.MOSAIC_WIDE,  # s38's default: both wgmmas 16 columns wide (8 since s39)
     # s33: the large-batch configuration's merge as one program a (request, KV head) (the combine's grid before
     # its channel blocks), and as XLA's kernels
     "eight_combine_one_block": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, combine_channel_blocks=1),

@@ -170,11 +170,12 @@ case "${1:-}" in
       timeout 200 python benchmarks/kernel_ncu.py profile --plans mosaic_int2 --kernel kernel_mosaic --variant "$v" \
         --batch 32 --tokens 19968 --splits 4 --out "$out/ncu_$v" --summary || echo "(stopped: ncu $v)"
     done ;;
-  narrow)  # (s39) both wgmmas 8 columns wide (`narrow_scores`, `narrow_values`) against the default: INT2 kernels at
+  narrow)  # (s39) both wgmmas 8 columns wide (`narrow_scores`, `narrow_values`; the default since s39) against the
+           # 16-wide kernel ("pallas:mosaic_wide", s38's default): INT2 kernels at
            # batch 32 and 60, issue 5's batch 60 x 32k, the 7B step at 32 x 100 (s39's call 8 timed these beside
            # `overlapped_steps`, since removed: 31 % slower)
     against_default "wg4_large_batch_ftz_lean_folded_eight_narrow wg4_large_batch_ftz_lean_folded_eight_narrow_both" \
-      mosaic_narrow narrow ;;
+      mosaic_wide narrow ;;
   ncu_s39)  # (s39) what changed where the time did not: the default, paired steps and five warpgroups under
             # Nsight Compute, batch 32 x 19,200 (whole splits at 4 and 5), pages packed into one archive
     for v in wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_paired \
@@ -224,12 +225,13 @@ case "${1:-}" in
       --back-to-back 32 --tag ${tag}_bars || echo "(stopped: h200_s39, bars)" ;;
   steps_s39)  # (s39, what an H100 gets if no H200 comes) the 7B step: 60 x 5 windowquant with XLA's split-K GEMMs
               # off (the o and down products' f32 partials, 6.9 MB a product at batch 60, are read back by the
-              # residual adds), then 32 x 100 windowquant with both wgmmas 8 wide ("pallas:mosaic_narrow")
+              # residual adds), then 32 x 100 windowquant with both wgmmas 8 wide (s39 ran it as "pallas:mosaic_narrow"
+              # against the default; since, the default is 8 wide and "pallas:mosaic_wide" the 16-wide)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 150 python -m benchmarks.decode_throughput --settings 60x5 \
       --attention pallas --methods windowquant --out "$out" --budget-s 130 --tag ${tag}_splitk \
       --xla-options 'no_split_k={"xla_gpu_experimental_force_split_k": 1}' || echo "(stopped: split-K)"
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 170 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_narrow --methods windowquant --out "$out" --budget-s 150 \
+      --attention pallas pallas:mosaic_wide --methods windowquant --out "$out" --budget-s 150 \
       --tag ${tag}_narrow_step || echo "(stopped: narrow step)" ;;
   paired)  # (s38, for the next device) `paired_steps`: a block's two steps under one softmax (793 SASS a 128 keys
            # offline against 2 x 459): the INT2 kernel at batch 32 and 60 (float64 checks first), issue 5's batch

@@ -1232,8 +1232,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   `narrow_values` (with `eight_column_softmax`, O^T in place from V^T in registers): the V wgmma 8 columns wide,
   not 16 (P's columns 8-15 were zero): P stored transposed, [8, 64] K-major, read transposed by wgmma; O^T's
   accumulator [128, 8] (8 registers a thread, not 16), its columns 8-15 written as zeros on the way out.
-  Both narrow (variant `..._narrow_both`, "pallas:mosaic_narrow"): HGMMA.64x8x16 only, 124 registers; on an H100
-  1.0-1.3 % faster than the wide kernel (s39, one run), opt-in.
+  Both narrow (variant `..._narrow_both`): HGMMA.64x8x16 only, 124 registers; on an H100 the kernel 1.0-1.3 % faster
+  than the wide one and the 7B step at 32 x 100 3.3 % (s39, one run each): the default for INT2 windows' pools since
+  (`quantized_decode.MOSAIC_DEFAULT`; "pallas:mosaic_wide" runs s38's).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first

@@ -343,21 +343,24 @@ MOSAIC_KIVI_SCALED_P = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_
 # 0.5 TB/s). H100, one run each (`decode_throughput_*_s38_two_splits_h100.md`, `s38_two_splits_*_h100.md`): the 7B
 # step at 60 x 5 windowquant 6.698 ms against 6.806, kivi2 6.793 against 6.955; one layer at batch 60, all-INT2
 # pools, GPU span 39.5 µs against 46.0 at 1k tokens, 353.6 against 361.7 at 32k.
-MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,), mosaic_min_splits=2)
-MOSAIC_FOUR_SPLITS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_min_splits=4)  # s37's default: 4 splits at least
+MOSAIC_WIDE = dataclasses.replace(MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,), mosaic_min_splits=2)
+MOSAIC_FOUR_SPLITS = dataclasses.replace(MOSAIC_WIDE, mosaic_min_splits=4)  # s37's default: 4 splits at least
+# Since s39 INT2 windows' pools run both wgmmas 8 columns wide, not 16 (`mosaic_int2`'s `narrow_scores` and
+# `narrow_values`: with the keys dequantized S^T's columns 8-15 copied 0-7 and P's were zero); INT4's and KIVI's pools
+# keep s38's kernel (`pool_options`: untimed narrow). H100, one run each: the INT2 kernel 107.5 / 206.7 µs at batch
+# 32 / 60 x 19,968 against 108.6 / 209.5 (`results/mosaic_int2_s39_overlapped_h100.md`); the 7B step at 32 x 100,
+# windowquant, 8.535 ms against 8.822 (`results/decode_throughput_*_s39_narrow_step_gpu_h100.md`). MOSAIC_WIDE
+# ("pallas:mosaic_wide") is s38's default.
+MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
+    mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"].items()))
 # (s38) The default with a block of two steps under one softmax for INT2 pools (`mosaic_int2`'s `paired_steps`: one
 # vote, barrier and branch a 128 keys); INT4's and KIVI's pools keep a softmax a step. No faster on an H100 (s39:
 # the 7B step at 32 x 100 8.884 ms against 8.848; ncu: 2 % more instructions executed, the offline count's cut being
 # the vote's rare branch; `results/decode_attention_notes.md`, "Session 39").
-MOSAIC_PAIRED = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
+MOSAIC_PAIRED = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
     mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"].items()))
-# (s39) The default with both wgmmas 8 columns wide (`mosaic_int2`'s `narrow_scores`, `narrow_values`: with the keys
-# dequantized S^T's columns 8-15 copied 0-7 and P's were zero); KIVI's pools keep the wide V wgmma (`pool_options`).
-# The INT2 kernel 1.0-1.3 % faster on an H100 (one run, `results/mosaic_int2_s39_overlapped_h100.md`); opt-in.
-MOSAIC_NARROW = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
-    mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"].items()))
-# What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 38 (MOSAIC_FOUR_SPLITS in
-# s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before it MOSAIC_LEAN_ALL
+# What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 39 (MOSAIC_WIDE in s38,
+# MOSAIC_FOUR_SPLITS in s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before it MOSAIC_LEAN_ALL
 # (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06 against 10.13,
 # kivi2 9.04 against 12.94, kivi4 9.58 against 10.32, `decode_throughput_*_s28_lean_all_gpu.md`),
 # with the launches' partials merged in one Pallas launch (`combine_kernel`; `combine_with_heads_last_kernel`
@@ -949,8 +952,10 @@ def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool 
     options["steps_per_block"] = 1
   if bits != 2 and (kivi or not int4_permuted_keys):
     options["permuted_keys"] = False
+  if kivi or bits != 2:  # the 8-wide wgmmas are INT2 windows' (timed there; KIVI's V^T is not in registers)
+    options.pop("narrow_scores", None)
+    options.pop("narrow_values", None)
   if kivi:  # KIVI's values go through shared memory, or (`token_scaled_p`) scale P
-    options.pop("narrow_values", None)  # V^T in registers only
     options["folded_minimums"] = False
     options.pop("values_by_ldmatrix", None)
     if kivi_token_scaled:

@@ -47,8 +47,8 @@
                                  >= 45: 60 x 5's step 1.6-2.3 % faster on an H100)
     "pallas:mosaic_paired"  the default, INT2 pools' blocks of two steps under one softmax (s38; no faster on an
                             H100, s39: its hot loop executes 345.5 SASS a 64 keys against 333)
-    "pallas:mosaic_narrow"  the default, INT2 and INT4 windows' pools with both wgmmas 8 columns wide, not 16 (s39;
-                            the INT2 kernel 1.0-1.3 % faster on an H100)
+    "pallas:mosaic_wide"  s38's default: INT2 windows' pools with both wgmmas 16 columns wide, half of them waste
+                          (since s39 the default runs them 8 wide: the 7B step at 32 x 100 3.3 % faster on an H100)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
     "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)
@@ -136,4 +136,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_wg4_kivi_scaled_p", quantized_decode.MOSAIC_KIVI_SCALED_P)
   register_variant("pallas:mosaic_four_splits", quantized_decode.MOSAIC_FOUR_SPLITS)
   register_variant("pallas:mosaic_paired", quantized_decode.MOSAIC_PAIRED)
-  register_variant("pallas:mosaic_narrow", quantized_decode.MOSAIC_NARROW)
+  register_variant("pallas:mosaic_wide", quantized_decode.MOSAIC_WIDE)

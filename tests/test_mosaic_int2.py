@@ -711,7 +711,7 @@ def test_bad_shapes_are_refused():
 # magic exponents, ldmatrix, registers for V^T) are held to their lowering for CUDA instead.
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
                                      "int2_int4", "merged", "values_after", "ftz", "ftz_block2", "vregs_int4",
-                                     "lean_eight", "two_splits", "paired", "narrow"])
+                                     "lean_eight", "two_splits", "paired", "narrow", "wide"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -749,7 +749,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 # one SM of 4 programs: its 4 pairs take 2 splits, two pairs a CTA
                 two_splits=dataclasses.replace(qd.MOSAIC_DEFAULT, multiprocessors=1),
                 paired=qd.MOSAIC_PAIRED,  # INT2's blocks of two steps, INT4's a step
-                narrow=qd.MOSAIC_NARROW)[variant]  # both wgmmas 8 wide
+                narrow=qd.MOSAIC_DEFAULT, wide=qd.MOSAIC_WIDE)[variant]  # INT2's wgmmas 8 wide (s39), 16
   if variant == "two_splits":
     assert qd.mosaic_splits(b * kh, 3, config) == 2
   pool_tokens = tuple(w * window for w in slice_windows)
@@ -806,9 +806,9 @@ def test_kivi_pools_through_quantized_decode(interpret):
                 interpret=interpret is not None)
   want = qd.reference(qg * h ** -0.5, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                       window_size=window)
-  # MOSAIC_NARROW: KIVI's pools take its narrow score wgmma, not its narrow V wgmma (`pool_options`)
+  # MOSAIC_DEFAULT (s39): KIVI's pools keep the wide wgmmas (`pool_options`)
   for config, launches in ((qd.MOSAIC_KIVI, 3), (qd.MOSAIC_KIVI_SCALED_P, 3),
-                           (qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, 1), (qd.MOSAIC_NARROW, 3)):
+                           (qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4, 1), (qd.MOSAIC_DEFAULT, 3)):
     out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, config=config,
                               **kwargs)
     np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=3e-3, rtol=0)

@@ -157,12 +157,16 @@ def test_large_launches_take_the_mosaic_kernel():
   default = qd.DecodeConfig()
   big = qd.for_launch(default, 128, 1 << 15, interpret=False)
   assert big.int2_mosaic and big.mosaic_min_pairs is None
-  assert big.mosaic_options == qd.MOSAIC_LEAN_EIGHT.mosaic_options and big.int4_mosaic and big.kivi_mosaic
+  assert big.int4_mosaic and big.kivi_mosaic
+  assert dict(big.mosaic_options) == dict(qd.MOSAIC_LEAN_EIGHT.mosaic_options, narrow_scores=True,
+                                          narrow_values=True)  # s32's kernel, its wgmmas 8 wide since s39
   assert dict(big.mosaic_options)["eight_column_softmax"]
   assert big.mosaic_programs_per_multiprocessor == 4 and big.fused_combine  # the two sets merged in one launch
   assert dataclasses.replace(big, mosaic_min_pairs=128) == qd.MOSAIC_DEFAULT
-  assert qd.MOSAIC_DEFAULT == dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,),
-                                                  mosaic_min_splits=2)
+  assert qd.MOSAIC_WIDE == dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,),
+                                               mosaic_min_splits=2)
+  assert qd.MOSAIC_DEFAULT == dataclasses.replace(qd.MOSAIC_WIDE, mosaic_options=tuple(
+      dict(qd.MOSAIC_LEAN_EIGHT.mosaic_options, narrow_scores=True, narrow_values=True).items()))
   if qd._multiprocessors(big) == 132:  # an H200's (or a CPU's stand-in): 4 x 132 slots hold 128 pairs x 4 splits
     assert qd.mosaic_splits(128, 306, big) == 4 and qd.mosaic_splits(128, 306, qd.MOSAIC_FOUR_WARPGROUPS) == 8
     # since s38: batch 60's 240 pairs at 2 splits (a CTA two pairs' splits), 4 before
@@ -211,11 +215,11 @@ def test_pool_options_keep_permuted_keys_to_int2():
   for bits, kivi in ((4, False), (2, True), (4, True)):
     options = qd.pool_options(paired, bits, kivi=kivi)
     assert "paired_steps" not in options and options["steps_per_block"] == 1
-  narrow = dict(qd.MOSAIC_NARROW.mosaic_options)  # both wgmmas 8 wide (s39): KIVI's pools the score side only
-  assert all(qd.pool_options(narrow, bits, kivi=False)["narrow_values"] for bits in (2, 4))
-  for bits in (2, 4):
-    options = qd.pool_options(narrow, bits, kivi=True)
-    assert options["narrow_scores"] and "narrow_values" not in options
+  narrow = dict(qd.MOSAIC_DEFAULT.mosaic_options)  # both wgmmas 8 wide (s39): INT2 windows' pools only
+  assert qd.pool_options(narrow, 2, kivi=False)["narrow_values"] and narrow["narrow_scores"]
+  for bits, kivi in ((4, False), (2, True), (4, True)):
+    options = qd.pool_options(narrow, bits, kivi=kivi)
+    assert "narrow_scores" not in options and "narrow_values" not in options
 
 
 def test_registered_as_pallas_on_a_bf16_cache():
