@@ -322,6 +322,8 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"],
                                           ranged=True),
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"], splits=4),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"], ranged=True,
+                                          splits=2),  # the default at batch >= 45: a CTA two pairs' splits
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"],
                                           ranged=True, bits=4, permuted_keys=False)])
 def test_lowers_for_cuda(options):
