@@ -964,7 +964,7 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
 
 
 def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False, bits: int = 2):
-  """O^T f32 [128, 16] (WGMMA layout) whose rows are channels in `value_row_channels(by_ldmatrix, bits)` order
+  """O^T f32 [128, 16] or (`narrow_values`) [128, 8] (WGMMA layout) whose rows are channels in `value_row_channels(by_ldmatrix, bits)` order
   -> o_ref (a plain [128, 16] f32 buffer in shared memory) in channel order: each register pair to its channel's
   row (8 stores of 8 bytes a thread), so that no pass after the kernel puts them back."""
   from jax.experimental.mosaic import gpu as mgpu
@@ -1233,8 +1233,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   not 16 (P's columns 8-15 were zero): P stored transposed, [8, 64] K-major, read transposed by wgmma; O^T's
   accumulator [128, 8] (8 registers a thread, not 16), its columns 8-15 written as zeros on the way out.
   Both narrow (variant `..._narrow_both`): HGMMA.64x8x16 only, 124 registers; on an H100 the kernel 1.0-1.3 % faster
-  than the wide one and the 7B step at 32 x 100 3.3 % (s39, one run each): the default for INT2 windows' pools since
-  (`quantized_decode.MOSAIC_DEFAULT`; "pallas:mosaic_wide" runs s38's).
+  than the wide one and the 7B step at 32 x 100 3.3 % (s39, one run each): the default for INT2 windows' pools
+  since s39 (`quantized_decode.MOSAIC_DEFAULT`; "pallas:mosaic_wide" runs s38's).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first

@@ -84,8 +84,8 @@ def layer_attention(qg: Float[Array, "B K G H"], layer: LayerCache, *, scale: fl
                     config: quantized_decode.DecodeConfig) -> Float[Array, "B K G H"]:
   """The kernel with tiling `config` on one layer of a cache (what each registered name runs; the benchmarks call
   it with their own configurations), in q's dtype (`decode_attention` casts to it anyway: the merge's launch
-  then stores it so, with no convert kernel after). The launches are planned on the tokens a layer can own in each pool, not on
-  the pools' arrays, which hold every layer's windows."""
+  then stores it so, with no convert kernel after). The launches are planned on the tokens a layer can own in
+  each pool, not on the pools' arrays, which hold every layer's windows."""
   k_pools = tuple(_arrays(p, n) for p, n in zip(layer.k_pools, layer.slice_windows))
   v_pools = tuple(_arrays(p, n) for p, n in zip(layer.v_pools, layer.slice_windows))
   # The most tokens a layer can own: it sets the split count, so it must be static.
