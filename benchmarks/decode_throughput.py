@@ -86,7 +86,10 @@ METHODS = {
 # under a "pallas:mosaic_*" path are "pallas"'s; KIVI's only under a path that takes KIVI's values (a scale a
 # token), rtn4's only under one that takes INT4.
 MOSAIC_POOLS = {"fp16": (), "kivi2": ("kivi2",), "kivi4": ("kivi4",), "rtn4": (4,)}  # others: INT2 (and INT4)
-XLA_ONLY = {"C"}  # the interleaved layout has one reader, XLA's: timed under "xla" whatever --attention asks
+# Ablation C's interleaved layout has two readers: XLA's (every window in every format) and, under any "pallas"
+# name, the paged kernel (`pallas_kernels/interleaved_decode.py`, since session 40): timed under "xla" and
+# "pallas" as asked, never again under another "pallas:*" name (each would run the same paged kernel).
+INTERLEAVED = {"C"}
 ALPHAS = (0.5, 1.0, 2.0, 3.0, 4.0)
 WINDOW_SIZES = (8, 16, 32, 64, 128)
 TINY_SETTINGS = ["3x12", "1x24"]  # 3 and 6 windows of 32 visual tokens (9 a frame)
@@ -301,13 +304,14 @@ class Report:
          "tokens_as_plain: where a row's loop differs from its method and attention's plain one (XLA options, "
          "steps a call, norms, donation), the fraction of its greedy tokens equal to the plain loop's"),
         ("- speedup_vs_fp16: fp16's step / this step, same setting and attention, else fp16 under the "
-         "first attention asked for (C runs under xla only; a method is not timed again under a "
-         "pallas:mosaic_* path that serves none of its pools: fp16, KIVI but under a KIVI one, rtn4 but under "
-         "an INT4 one); "
+         "first attention asked for (C runs under xla and pallas only, as asked: its paged kernel; a method is "
+         "not timed again under a pallas:mosaic_* path that serves none of its pools: fp16, KIVI but under a "
+         "KIVI one, rtn4 but under an INT4 one); "
          "vs_fp16_attention says which; byte_speedup: (weights + fp16 cache) / (weights + this cache); "
          "achieved = speedup_vs_fp16 / byte_speedup"),
         ("- A: no fixed first window; B: random bit widths, each layer's searched counts; C: no reorder "
-         "(interleaved layout, XLA reader only). Random weights: plans come from random embeddings; "
+         "(interleaved layout: XLA's every-format reader, or the paged Pallas kernel under pallas). Random weights: "
+         "plans come from random embeddings; "
          "windows_16_4_2 counts every layer's windows at 16, 4 and 2 bits"),
         ("- peak_GB is the allocator's peak since the process started (it never resets); in_use_GB once "
          "the batch's cache is built (weights, that cache, and this process's one-request prefills and "
@@ -402,6 +406,8 @@ def _attentions(method: str, asked: list[str]) -> list[str]:
   method's pools, and "pallas:triton" only where the method has pools that "pallas" may send to the Mosaic
   kernel (at large batches, as `LARGE_BATCH_MOSAIC` says); else either would time "pallas" again. All of them
   where "pallas" was not asked."""
+  if method in INTERLEAVED:
+    return [a for a in asked if a in ("xla", "pallas")] or ["pallas"]
   if "pallas" not in asked:
     return asked
   bits = MOSAIC_POOLS.get(method, (2, 4))
@@ -444,7 +450,7 @@ def main_rows(model, prefills, built, setting: Setting, args, device, budget, re
           for donate in [True, *([False] if args.undonated else [])]
           for k in args.steps_per_call
           for norms in args.norms
-          for m in args.methods for a in (["xla"] if m in XLA_ONLY else _attentions(m, args.attention))]
+          for m in args.methods for a in _attentions(m, args.attention)]
 
   def on_timed(job, t):
     m, a = job.label["method"], job.label["attention"]

@@ -176,3 +176,7 @@ def test_methods_the_mosaic_paths_do_not_serve_are_not_timed_again_under_them():
     assert decode_throughput._attentions(method, asked) == asked
   assert decode_throughput._attentions("windowquant", asked) == asked
   assert decode_throughput._attentions("rtn2", asked) == asked
+  # Ablation C: its paged kernel under "pallas" (any "pallas:*" name would run it again), XLA's reader under "xla"
+  asked = ["xla", "pallas", "pallas:triton", "pallas:mosaic_wide"]
+  assert decode_throughput._attentions("C", asked) == ["xla", "pallas"]
+  assert decode_throughput._attentions("C", ["pallas:mosaic_wide"]) == ["pallas"]

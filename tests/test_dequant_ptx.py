@@ -37,6 +37,8 @@ def run_ptx(text: str, operands: dict[str, int]) -> dict[str, int]:
       regs[dst] = sum(((pool >> (8 * ((sel >> (4 * i)) & 7))) & 0xFF) << (8 * i) for i in range(4))
     elif op == "shl.b32":
       regs[dst] = (value(src[0]) << value(src[1])) & 0xFFFFFFFF
+    elif op == "shr.b32":
+      regs[dst] = value(src[0]) >> value(src[1])
     elif op == "lop3.b32":
       assert src[3] == "0xea"
       regs[dst] = (value(src[0]) & value(src[1])) | value(src[2])
@@ -79,3 +81,19 @@ def test_raw_snippet_gives_one_plus_code_over_levels(bits):
       got = np.concatenate([_halves(out["r0"]), _halves(out["r1"])])
       c = (codes >> (part * bits)) & ((1 << bits) - 1)
       np.testing.assert_array_equal(got, (1 + c / (1 << bits)).astype(np.float16))
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_interleaved_code_snippet_unpacks_each_part_of_two_words(bits):
+  """Ablation C's kernel (`interleaved_decode._code_asm`): two 16-bit words of codes in one register, part p
+  of byte parity e -> the two codes as halves, exactly."""
+  from pallas_kernels import interleaved_decode as il
+  rng = np.random.default_rng(10 + bits)
+  for part in range(8 // bits):
+    for parity in (0, 1):
+      text = il._code_asm(bits, part, parity).replace("$", "r")
+      for _ in range(64):
+        words = rng.integers(0, 1 << 16, 2)
+        out = run_ptx(text, {"r1": int(words[0] | words[1] << 16)})
+        codes = (words >> (8 * parity + bits * part)) & ((1 << bits) - 1)
+        np.testing.assert_array_equal(_halves(out["r0"]), codes.astype(np.float16))

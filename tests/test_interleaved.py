@@ -31,3 +31,72 @@ def test_unreordered_equals_reordered(dtype):
   layer = unreordered.layer(1).append(k[1, :, :, 0], v[1, :, :, 0])
   c2 = unreordered.replace_layer(1, layer).advance()
   np.testing.assert_array_equal(np.asarray(c2.rest_len), np.asarray(unreordered.rest_len) + 1)
+
+
+def _random_cache(dtype, *, batch, kv, h, s, w, layers=1, rest=30, seed=0, formats=(16, 4, 2)):
+  t = 5 + w * s + rest
+  k = jax.random.normal(jax.random.PRNGKey(seed), (layers, batch, kv, t, h)).astype(dtype)
+  v = jax.random.normal(jax.random.PRNGKey(seed + 1), (layers, batch, kv, t, h)).astype(dtype)
+  plan = np.random.default_rng(seed + 2).choice(formats, size=(layers, w)).astype(np.int32)
+  lens = [t - 3 * i for i in range(batch)]  # uneven rest segments
+  return build_interleaved_cache(k, v, plan, visual_start=5, num_visual=w * s + 3, seq_lens=lens,
+                                 max_new_tokens=3, window_size=s)
+
+
+@pytest.mark.parametrize("dtype,h,g,batch,formats", [
+    (jnp.bfloat16, 128, 7, 3, (16, 4, 2)),
+    (jnp.float16, 64, 8, 1, (16, 4, 2)),
+    (jnp.bfloat16, 64, 1, 2, (4, 2)),  # no 16-bit window: phase 0 is the rest alone
+    (jnp.bfloat16, 32, 2, 2, (16, 2)),  # no INT4 window: an empty phase
+])
+def test_paged_kernel_matches_the_xla_reader(dtype, h, g, batch, formats):
+  """The paged Pallas reader (interpret mode) against XLA's every-format reader, on fresh random caches."""
+  from pallas_kernels import quantized_decode
+  from pallas_kernels.interleaved_decode import interleaved_decode
+  from wq_jax.interleaved import interleaved_attention
+  c = _random_cache(dtype, batch=batch, kv=2, h=h, s=8, w=10, seed=h + g, formats=formats)
+  layer = c.layer(0)
+  qg = jax.random.normal(jax.random.PRNGKey(9), (batch, 2, g, h)) * h ** -0.5
+  want = interleaved_attention(qg, layer)
+  # Several splits (each a share of every format and of the rest), and one.
+  for config in (quantized_decode.DecodeConfig(min_tokens_per_split=16, multiprocessors=8),
+                 quantized_decode.DecodeConfig(min_tokens_per_split=1 << 20)):
+    got = interleaved_decode(qg, layer, config=config, interpret=True)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=3e-3, atol=3e-3)
+
+
+def test_pallas_attention_reads_the_interleaved_cache():
+  """decode_attention(implementation="pallas") on ablation C's cache runs the paged kernel, and agrees with
+  "xla"; a cache the kernel cannot read (float32) gets an error that says what to do."""
+  c = _random_cache(jnp.bfloat16, batch=2, kv=2, h=64, s=8, w=6, seed=5)
+  q = jax.random.normal(jax.random.PRNGKey(4), (2, 8, 64)).astype(jnp.bfloat16)
+  a = attention.decode_attention(q, c.layer(0), implementation="xla")
+  b = attention.decode_attention(q, c.layer(0), implementation="pallas")
+  np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2, atol=1e-2)
+  f32 = _random_cache(jnp.float32, batch=1, kv=2, h=64, s=8, w=4, seed=6)
+  with pytest.raises(ValueError, match="16-bit caches"):
+    attention.decode_attention(q[:1].astype(jnp.float32), f32.layer(0), implementation="pallas")
+
+
+def test_page_table_lists_each_format_in_window_order():
+  from wq_jax.interleaved import page_table
+  plan = np.array([[2, 16, 4, 2, 16]], np.int32)
+  record_start = np.array([[0, 192, 704, 1024, 1216]], np.int64)
+  starts, counts = page_table(plan, record_start)
+  np.testing.assert_array_equal(counts, [[2, 1, 2]])
+  np.testing.assert_array_equal(starts, [[96, 608, 352, 0, 512]])  # 16-bit units: 16-bit, INT4, INT2 records
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_a_part_is_its_channels_in_order(bits):
+  """A part's two byte-parity tiles, interleaved, are channels 2 n p ... 2 n (p + 1) in order (jnp path)."""
+  from pallas_kernels.interleaved_decode import _part_codes
+  from wq_jax import quant
+  h, s = 64, 8
+  codes = jax.random.randint(jax.random.PRNGKey(bits), (s, h), 0, 1 << bits)
+  packed = quant.pack(codes, bits)  # uint8 [S, H b / 8], "split" packing
+  words = jax.lax.bitcast_convert_type(packed.reshape(s, -1, 2), jnp.uint16)
+  n = h * bits // 16
+  for p in range(8 // bits):
+    got = _part_codes(words, bits=bits, part=p, inline_asm=False)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(codes[:, 2 * n * p:2 * n * (p + 1)]))

@@ -97,13 +97,22 @@ def decode_attention(
     qg, fn = q.reshape(b, k, n // k, h), functools.partial(fn, scale=scale)
   else:
     qg = (q.astype(jnp.float32) * scale).reshape(b, k, n // k, h)
-  if isinstance(layer, InterleavedLayer):  # ablation C's layout has one (XLA) reader
-    out = interleaved_attention(qg, layer)
+  if isinstance(layer, InterleavedLayer):
+    out = _interleaved(qg, layer, implementation, mesh)
   elif mesh is not None:
     out = _per_shard(fn, mesh, layer)(qg, layer)
   else:
     out = fn(qg, layer)
   return out.reshape(b, n, h).astype(q.dtype)
+
+
+def _interleaved(qg, layer: InterleavedLayer, implementation: str, mesh) -> jax.Array:
+  """Ablation C's unreordered layout: its paged Pallas kernel under any "pallas" name, XLA's reader (every
+  window in every format, selected per window) otherwise and under a mesh (XLA partitions it itself)."""
+  if implementation.startswith("pallas") and mesh is None:
+    from pallas_kernels.interleaved_decode import interleaved_decode
+    return interleaved_decode(qg, layer)
+  return interleaved_attention(qg, layer)
 
 
 def _pool_slice(layer: LayerCache, p: int):

@@ -11,9 +11,18 @@ all layers (keys and values in two heaps of equal layout):
 
 `record_start[l, w]` is the byte offset of window w of layer l. Memory is
 exactly the planned records (rounded up to a bucket), like the reordered
-cache, but a reader cannot stream one precision contiguously: decode attention
-here fetches every window in every format and selects per window, which is the
-cost the paper's Module III removes. It runs on the XLA path only.
+cache, but no precision lies contiguous. The heap is stored in 16-bit units
+(uint16) so that a kernel reads a 16-bit window as rows of its dtype, and codes
+and scales as rows of 16-bit words, without a copy (every record is a whole
+number of 2H-byte rows when S is a multiple of 8).
+
+Two readers. The XLA one (`interleaved_attention`) fetches every window in
+every format and selects per window, the cost the paper's Module III removes.
+The Pallas one (`pallas_kernels/interleaved_decode.py`) reads each format's
+windows where they lie through a page table built with the cache
+(`format_starts`, `format_counts`: the records of each format in window order),
+as paged attention reads a block table: the layout stays unreordered, only the
+reading order groups the formats.
 """
 from __future__ import annotations
 
@@ -39,10 +48,12 @@ def record_bytes(bits: int, window_size: int, head_dim: int, dtype, meta_dtype) 
 
 @struct.dataclass
 class InterleavedLayer:
-  k_heap: jax.Array
+  k_heap: jax.Array  # uint16 [B, K, bytes / 2]
   v_heap: jax.Array
-  record_start: jax.Array  # int32 [W]
+  record_start: jax.Array  # int32 [W]: bytes
   plan: jax.Array  # int32 [W]
+  format_starts: jax.Array  # int32 [W]: 16-bit units, the 16-bit records, then INT4's, then INT2's
+  format_counts: jax.Array  # int32 [3]: records of each format (POOL_BITS order)
   rest_k: jax.Array
   rest_v: jax.Array
   rest_len: jax.Array
@@ -56,10 +67,12 @@ class InterleavedLayer:
 
 @struct.dataclass
 class InterleavedCache:
-  k_heap: jax.Array  # uint8 [B, K, bytes]
+  k_heap: jax.Array  # uint16 [B, K, bytes / 2]
   v_heap: jax.Array
   record_start: jax.Array  # int32 [L, W]
   plan: jax.Array  # int32 [L, W]
+  format_starts: jax.Array  # int32 [L, W]
+  format_counts: jax.Array  # int32 [L, 3]
   rest_k: jax.Array  # [L, B, K, R, H]
   rest_v: jax.Array
   rest_len: jax.Array  # int32 [B]
@@ -80,9 +93,10 @@ class InterleavedCache:
     return sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self))
 
   def layer(self, l, *, stacked: bool = False) -> InterleavedLayer:
-    del stacked  # the interleaved layout's one reader (XLA) takes a layer's own rest segment
-    return InterleavedLayer(self.k_heap, self.v_heap, self.record_start[l], self.plan[l], self.rest_k[l],
-                            self.rest_v[l], self.rest_len, self.window_size, self.dtype, self.meta_dtype)
+    del stacked  # the interleaved layout's readers take a layer's own rest segment
+    return InterleavedLayer(self.k_heap, self.v_heap, self.record_start[l], self.plan[l], self.format_starts[l],
+                            self.format_counts[l], self.rest_k[l], self.rest_v[l], self.rest_len, self.window_size,
+                            self.dtype, self.meta_dtype)
 
   def replace_layer(self, l, layer: InterleavedLayer) -> "InterleavedCache":
     return self.replace(rest_k=self.rest_k.at[l].set(layer.rest_k), rest_v=self.rest_v.at[l].set(layer.rest_v))
@@ -102,16 +116,32 @@ def build_interleaved_cache(keys, values, plan, *, visual_start, num_visual, seq
   record_size = np.vectorize(sizes.get)(plan).astype(np.int64)
   record_start = (np.cumsum(record_size.reshape(-1)) - record_size.reshape(-1)).reshape(plan.shape)
   total = int(record_size.sum())
-  # Room past the end so that reading any window in the largest format stays in bounds.
-  heap_bytes = bucket(round_up(total, HEAP_ALIGN) // HEAP_ALIGN) * HEAP_ALIGN + max(sizes.values())
+  # Room past the end so that reading any window in the largest format stays in bounds; whole rows of H
+  # 16-bit units, so that a kernel can view the heap as such rows.
+  align = max(HEAP_ALIGN, 2 * head_dim)
+  heap_bytes = bucket(round_up(total, align) // align) * align + round_up(max(sizes.values()), align)
+  format_starts, format_counts = page_table(plan, record_start)
   starts_by_pool = tuple(jnp.asarray(_pool_starts(plan, record_start, b, len(src)), jnp.int32)
                          for b, src in zip(POOL_BITS, layout.pool_sources))
   return _build(keys, values, tuple(jnp.asarray(s) for s in layout.pool_sources), starts_by_pool,
                 jnp.asarray(layout.rest_sources), jnp.asarray(layout.rest_len),
-                jnp.asarray(record_start, jnp.int32), jnp.asarray(plan), visual_start=visual_start,
+                jnp.asarray(record_start, jnp.int32), jnp.asarray(plan), jnp.asarray(format_starts),
+                jnp.asarray(format_counts), visual_start=visual_start,
                 num_windows=plan.shape[1], window_size=window_size,
                 capacity=layout.rest_sources.shape[1] + max_new_tokens, meta_dtype=meta.name,
                 heap_bytes=heap_bytes)
+
+
+def page_table(plan, record_start):
+  """Per layer, the records' starts in 16-bit units grouped by format (POOL_BITS order, window order within
+  one), and the count of each format: what a kernel needs to stream one format at a time."""
+  starts = np.zeros(plan.shape, np.int32)
+  counts = np.zeros((plan.shape[0], len(POOL_BITS)), np.int32)
+  for l in range(plan.shape[0]):
+    order = np.concatenate([np.nonzero(plan[l] == b)[0] for b in POOL_BITS])
+    starts[l] = record_start[l, order] // 2
+    counts[l] = [np.sum(plan[l] == b) for b in POOL_BITS]
+  return starts, counts
 
 
 def _pool_starts(plan, record_start, bits, padded_len):
@@ -124,8 +154,8 @@ def _pool_starts(plan, record_start, bits, padded_len):
 
 @functools.partial(jax.jit, static_argnames=("visual_start", "num_windows", "window_size", "capacity",
                                              "meta_dtype", "heap_bytes"))
-def _build(keys, values, pool_sources, pool_starts, rest_sources, rest_len, record_start, plan, *, visual_start,
-           num_windows, window_size, capacity, meta_dtype, heap_bytes):
+def _build(keys, values, pool_sources, pool_starts, rest_sources, rest_len, record_start, plan, format_starts,
+           format_counts, *, visual_start, num_windows, window_size, capacity, meta_dtype, heap_bytes):
   def heap_of(x):
     l, b, k, _, h = x.shape
     vis = jax.lax.slice_in_dim(x, visual_start, visual_start + num_windows * window_size, axis=3)
@@ -138,10 +168,11 @@ def _build(keys, values, pool_sources, pool_starts, rest_sources, rest_len, reco
       g = jnp.take(win, src, axis=0).transpose(1, 2, 0, 3, 4)  # [B, K, P, S, H]
       pool = make_pool(g, bits, 0, x.dtype, jnp.dtype(meta_dtype))
       heap = _scatter_records(heap, _records(pool, g.shape[2]), starts)
-    return heap
+    return _as_halves(heap)
 
   return InterleavedCache(
       k_heap=heap_of(keys), v_heap=heap_of(values), record_start=record_start, plan=plan,
+      format_starts=format_starts, format_counts=format_counts,
       rest_k=rest_segment(keys, rest_sources, rest_len, capacity),
       rest_v=rest_segment(values, rest_sources, rest_len, capacity), rest_len=rest_len,
       window_size=window_size, dtype=jnp.dtype(keys.dtype).name, meta_dtype=meta_dtype)
@@ -153,6 +184,11 @@ def _as_bytes(x):
     return x
   b = jax.lax.bitcast_convert_type(x, jnp.uint8)
   return b.reshape(*x.shape[:-1], -1)
+
+
+def _as_halves(b):
+  """uint8 [..., 2n] -> uint16 [..., n] (little-endian, as both backends store them)."""
+  return jax.lax.bitcast_convert_type(b.reshape(*b.shape[:-1], -1, 2), jnp.uint16)
 
 
 def _from_bytes(b, dtype):
@@ -178,7 +214,7 @@ def _scatter_records(heap, records, starts):
 
 
 def _gather_records(heap, starts, size):
-  """[B, K, bytes] at `starts` [W] -> [B, K, W, size]."""
+  """[B, K, n] at `starts` [W] -> [B, K, W, size] (starts and size in the heap's units)."""
   dnums = jax.lax.GatherDimensionNumbers(offset_dims=(0, 1, 3), collapsed_slice_dims=(), start_index_map=(2,))
   b, k, _ = heap.shape
   return jax.lax.gather(heap, starts[:, None], dnums, slice_sizes=(b, k, size), mode="clip")
@@ -190,7 +226,7 @@ def layer_windows(heap, layer: InterleavedLayer, head_dim: int):
   per_format = []
   for bits in POOL_BITS:
     size = record_bytes(bits, s, head_dim, layer.dtype, layer.meta_dtype)
-    rec = _gather_records(heap, layer.record_start, size)  # [B, K, W, size]
+    rec = _as_bytes(_gather_records(heap, layer.record_start // 2, size // 2))  # [B, K, W, size]
     b, k, w, _ = rec.shape
     if bits == 16:
       x = _from_bytes(rec, layer.dtype).reshape(b, k, w, s, head_dim).astype(jnp.float32)

@@ -1,0 +1,205 @@
+"""Decode attention over ablation C's unreordered cache (Pallas, Triton lowering): a paged reader.
+
+Axes: B batch, K KV heads, G query heads per KV head (padded to Gp >= 16), H head dim, S window size,
+W windows a layer, R rest tokens, J splits, b bits, n = H b / 16 (16-bit words of a token's codes).
+
+`wq_jax.interleaved` keeps a layer's windows in their original order as variable-size records in one heap
+of 16-bit units, and a page table: the records' starts grouped by format (`format_starts`, `format_counts`).
+This kernel streams each format's windows through that table, as paged attention streams blocks, so each
+loop is homogeneous (one format, one window a step) though no two windows need be adjacent. The heap is
+read in place through three reshapes of it (no copy): rows of H words (16-bit windows, scales and
+minimums), and rows of n words (a token's codes).
+
+Codes are packed "split" style (`quant.pack`: byte j holds channels j + p H/P at bits b p), so word i of a
+token holds bytes 2i and 2i + 1: part p of byte parity e, (word >> (8 e + b p)) & (2^b - 1), is channel
+2i + e + 2 n p. The two parities' tiles [S, n] of a part, interleaved (Triton's join), are its 2n channels in
+order: a contiguous block of q, of the scales and minimums, and of the output, as the reordered kernel's parts
+(`quantized_decode._quantized_segment`). On the GPU a tile is a mask and a subtraction a pair of codes
+(`_code_asm`, the magic-number trick of `quantized_decode._dequant_asm`); each part is then scaled (one f16
+fma) and meets the tensor cores in its own dot.
+
+One program serves one (request, KV head, split) and runs three phases, each its own online softmax and
+partial (o, m, l): the 16-bit windows with the rest segment, the INT4 windows, the INT2 windows; the
+combine merges phases like splits. On the GPU a part's dot needs 2n >= 16 channels: H >= 64 for INT2; the
+interpret mode (CPU) takes any H.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+from jaxtyping import Array, Float
+
+from pallas_kernels import quantized_decode as qd
+from wq_jax.cache import POOL_BITS
+
+_QUANTIZED = tuple(b for b in POOL_BITS if b != 16)  # (4, 2): phases 1 and 2
+
+
+def _code_asm(bits: int, part: int, parity: int) -> str:
+  """PTX: two 16-bit words of codes -> part `part` of byte parity e of each, as two halves c (f16x2).
+
+  The codes sit at bit 8 e + b p of each word; for e = 1 a shift by 8 brings both (and garbage the mask drops)
+  to bit b p of their halves. Masked in place and OR-ed into the bits of 2^(10 - b p), whose mantissa bit b p is
+  worth 1, each half is 2^(10 - b p) + c exactly (as `quantized_decode._dequant_asm`); one subtraction leaves c.
+  Operands: $0 out, $1 codes.
+  """
+  shift = bits * part
+  mask = ((1 << bits) - 1) << shift
+  magic = (15 + 10 - shift) << 10
+  lines = ["{", ".reg .b32 t, magic;", f"mov.b32 magic, {magic | magic << 16:#010x};"]
+  source = "$1"
+  if parity:
+    lines.append("shr.b32 t, $1, 8;")
+    source = "t"
+  lines += [f"lop3.b32 t, {source}, {mask | mask << 16:#010x}, {magic | magic << 16:#010x}, 0xea;",  # (a & b) | c
+            "sub.f16x2 $0, t, magic;", "}"]
+  return "\n".join(lines)
+
+
+def _codes_of(words, *, bits: int, part: int, parity: int, inline_asm: bool):
+  """uint16 [S, n] -> the codes of one part and byte parity as f16 [S, n]."""
+  if inline_asm:
+    return plgpu.elementwise_inline_asm(
+        _code_asm(bits, part, parity), args=[words], constraints="=r,r", pack=2,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(words.shape, jnp.float16)])[0]
+  return ((words >> jnp.uint16(8 * parity + bits * part)) & jnp.uint16((1 << bits) - 1)).astype(jnp.float16)
+
+
+def _part_codes(words, *, bits: int, part: int, inline_asm: bool):
+  """uint16 [S, n] -> part p's codes f16 [S, 2n], channels 2 n p ... in order: word i's byte parities are
+  channels 2i and 2i + 1 of the part, so the two parities' tiles interleave (a stack on a last axis of 2,
+  then a reshape: Triton's join, no data movement)."""
+  tiles = [_codes_of(words, bits=bits, part=part, parity=e, inline_asm=inline_asm) for e in (0, 1)]
+  return jnp.stack(tiles, axis=-1).reshape(words.shape[0], 2 * words.shape[1])
+
+
+def _kernel(counts_ref, starts_ref, rest_len_ref, q_ref, k_rows, v_rows, k_codes4, v_codes4, k_codes2, v_codes2,
+            rest_k_ref, rest_v_ref, o_ref, m_ref, l_ref, *, heap_words, kv_heads, window, splits, dtype, meta_dtype,
+            exp2, inline_asm):
+  """One (request, KV head, split): its share of each format's windows and of the rest, as three partial
+  softmaxes o [3, Gp, H], m and l [3, Gp] (phases: 16-bit windows and rest, INT4, INT2)."""
+  program = pl.program_id(0)
+  split, bk = program % splits, program // splits
+  head_dim = q_ref.shape[-1]
+  pair = bk * heap_words  # where this (request, KV head)'s heap starts, in 16-bit words
+  q = q_ref[...]  # f32 [Gp, H], base-2 scores
+
+  def entries(fmt):  # this split's entries of the page table for format `fmt` (POOL_BITS order)
+    first = sum((counts_ref[i] for i in range(fmt)), jnp.int32(0))
+    lo, hi = qd._split_range(counts_ref[fmt], split, splits)
+    return first + lo, first + hi
+
+  def dense_window(i, carry):  # a 16-bit record: S rows of H words, keys' and values' alike
+    m, l, acc = carry
+    rows = pl.ds((pair + starts_ref[i]) // head_dim, window)
+    k = lax.bitcast_convert_type(k_rows[rows, :], dtype)
+    m, l, corr, p = qd._online_softmax(m, l, qd._dot_t(q.astype(dtype), k), exp2)
+    v = lax.bitcast_convert_type(v_rows[rows, :], dtype)
+    return m, l, acc * corr[:, None] + qd._dot(p.astype(dtype), v)
+
+  m, l, (acc,) = qd._fresh(q.shape[0], head_dim, 1)
+  lo, hi = entries(0)
+  m, l, acc = lax.fori_loop(lo, hi, dense_window, (m, l, acc))
+  capacity = rest_k_ref.shape[0] // (rest_len_ref.shape[0] * kv_heads)
+  m, l, acc = qd._dense_segment((m, l, acc), q, rest_k_ref, rest_v_ref, bk * capacity, capacity, 0,
+                                rest_len_ref[bk // kv_heads], block=min(64, qd._pow2_floor(capacity)), split=split,
+                                num_splits=splits, deferred_sum=False, exp2=exp2)
+  m_ref[0, :], l_ref[0, :] = m, l
+  o_ref[0, :, :] = acc
+
+  for phase, (bits, k_codes, v_codes) in enumerate(((4, k_codes4, v_codes4), (2, k_codes2, v_codes2)), start=1):
+    n = head_dim * bits // 16  # words of a token's codes; a part is 2n channels
+    parts = [pl.ds(2 * n * p, 2 * n) for p in range(8 // bits)]
+    q_parts = [q_ref[:, cols].astype(jnp.float16) for cols in parts]
+
+    def dequantized(codes_ref, rows_ref, start, bits=bits, parts=parts, n=n):
+      words = codes_ref[pl.ds((pair + start) // n, window), :]  # uint16 [S, n]
+      meta = (pair + start + window * n) // head_dim  # the scales' row; the minimums' the next
+      out = []
+      for p, cols in enumerate(parts):
+        scale, minimum = (lax.bitcast_convert_type(rows_ref[row, cols], meta_dtype).astype(jnp.float16)[None, :]
+                          for row in (meta, meta + 1))
+        out.append(_part_codes(words, bits=bits, part=p, inline_asm=inline_asm) * scale + minimum)
+      return out
+
+    def quantized_window(i, carry, k_codes=k_codes, v_codes=v_codes, q_parts=q_parts, dequantized=dequantized):
+      m, l, accs = carry
+      start = starts_ref[i]
+      keys = dequantized(k_codes, k_rows, start)
+      s = functools.reduce(jnp.add, [qd._dot_t(qp, kp) for qp, kp in zip(q_parts, keys)])
+      m, l, corr, p = qd._online_softmax(m, l, s, exp2)
+      values = dequantized(v_codes, v_rows, start)
+      p = p.astype(jnp.float16)
+      return m, l, tuple(a * corr[:, None] + qd._dot(p, v) for a, v in zip(accs, values))
+
+    m, l, accs = qd._fresh(q.shape[0], 2 * n, len(parts))
+    lo, hi = entries(phase)
+    m, l, accs = lax.fori_loop(lo, hi, quantized_window, (m, l, accs))
+    m_ref[phase, :], l_ref[phase, :] = m, l
+    for cols, a in zip(parts, accs):
+      o_ref[phase, :, cols] = a
+
+
+def _check(layer, head_dim: int, interpret: bool) -> None:
+  """Clear errors for layouts this kernel cannot read, before anything is traced."""
+  dtype = jnp.dtype(layer.dtype)
+  if dtype.itemsize != 2 or jnp.dtype(layer.meta_dtype).itemsize != 2:
+    raise ValueError(f"the interleaved kernel reads 16-bit caches (dtype {dtype.name}, scales "
+                     f"{layer.meta_dtype}); use implementation='xla' for this one")
+  if layer.window_size % 8 or layer.k_heap.dtype != jnp.uint16:
+    raise ValueError(f"the interleaved kernel needs a uint16 heap and windows of a multiple of 8 tokens "
+                     f"(heap {layer.k_heap.dtype}, window {layer.window_size})")
+  if not interpret and head_dim * min(_QUANTIZED) // 8 < 16:
+    raise ValueError(f"head dim {head_dim}: the GPU kernel's INT2 parts need H >= 64 (a dot is 16 wide at least)")
+
+
+def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeConfig = qd.DecodeConfig(),
+                       interpret: bool | None = None) -> Float[Array, "B K G H"]:
+  """softmax(qg . K^T) V over one layer of ablation C's cache (`wq_jax.interleaved.InterleavedLayer`), qg
+  pre-scaled (float32), in float32."""
+  interpret = jax.default_backend() == "cpu" if interpret is None else interpret
+  b, kh, g, h = qg.shape
+  _check(layer, h, interpret)
+  gp = max(16, 1 << (g - 1).bit_length())
+  heap_words = layer.k_heap.shape[-1]
+  windows, capacity = layer.plan.shape[0], layer.rest_k.shape[-2]
+  splits = qd.num_splits(b, kh, windows * layer.window_size + capacity, config)
+  q = jnp.pad(qg.astype(jnp.float32) * qd._LOG2E, ((0, 0), (0, 0), (0, gp - g), (0, 0))).reshape(b * kh, gp, h)
+  views = []
+  for heap in (layer.k_heap, layer.v_heap):  # reshapes of the heap, no copies
+    views.append([heap.reshape(-1, h), heap.reshape(-1, h // 4), heap.reshape(-1, h // 8)])
+  (k_rows, k4, k2), (v_rows, v4, v2) = views
+  inputs = [layer.format_counts.astype(jnp.int32), layer.format_starts.astype(jnp.int32),
+            layer.rest_len.astype(jnp.int32), q, k_rows, v_rows, k4, v4, k2, v2,
+            layer.rest_k.reshape(-1, h), layer.rest_v.reshape(-1, h)]
+  n = b * kh * splits
+  inline_asm = config.inline_asm and not interpret
+  exp2 = qd._exp2_ftz if inline_asm and config.fast_exp2 else jnp.exp2
+  kernel = functools.partial(_kernel, heap_words=heap_words, kv_heads=kh, window=layer.window_size, splits=splits,
+                             dtype=jnp.dtype(layer.dtype), meta_dtype=jnp.dtype(layer.meta_dtype), exp2=exp2,
+                             inline_asm=inline_asm)
+  whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
+  in_specs = [whole(x) for x in inputs]
+  in_specs[3] = pl.BlockSpec((None, gp, h), lambda i: (i // splits, 0, 0))
+  phases = 1 + len(_QUANTIZED)
+  o, m, l = pl.pallas_call(
+      kernel,
+      grid=(n,),
+      in_specs=in_specs,
+      out_specs=[pl.BlockSpec((None, phases, gp, h), lambda i: (i, 0, 0, 0)),
+                 pl.BlockSpec((None, phases, gp), lambda i: (i, 0, 0)),
+                 pl.BlockSpec((None, phases, gp), lambda i: (i, 0, 0))],
+      out_shape=[jax.ShapeDtypeStruct((n, phases, gp, h), jnp.float32),
+                 jax.ShapeDtypeStruct((n, phases, gp), jnp.float32),
+                 jax.ShapeDtypeStruct((n, phases, gp), jnp.float32)],
+      compiler_params=plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages),
+      interpret=interpret,
+      name="wq_interleaved_decode",
+  )(*inputs)
+  shape = (b, kh, splits * phases, gp)
+  return qd.combine_splits(o.reshape(*shape, h), m.reshape(shape), l.reshape(shape))[:, :, :g]
