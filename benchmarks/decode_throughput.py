@@ -26,9 +26,9 @@ resets); the compiled loop's workspace (XLA's temp bytes); compile seconds.
 
 Methods: `wq_jax.methods`' baselines and the paper's Table 8 ablations, which are
 `WindowQuantConfig` switches (SPEC §5): A no fixed first window, B random bit widths (each layer's
-searched counts at random windows), C no reorder (the interleaved layout, whose one reader is
-XLA: C runs under "xla" only, whatever --attention asks, and is compared with fp16 under the
-attention asked for where fp16 did not run under "xla").
+searched counts at random windows), C no reorder (the interleaved layout: under "xla" XLA's reader
+of every window in every format, under "pallas" the paged kernel `interleaved_decode`; no other
+"pallas:*" name times it again).
 
 --capacity: per method, the largest batch at the longest setting's frames and the most frames at
 batch 1 that fit in device memory, from measured bytes: the cache per request and per frame (the

@@ -80,7 +80,8 @@ def main():
   ap.add_argument("--batches", type=int, nargs="+", default=[32])
   ap.add_argument("--tokens", type=int, default=19968)
   ap.add_argument("--plans", nargs="+", default=["mix", "int2"], choices=list(PLANS))
-  ap.add_argument("--tilings", nargs="+", default=["1,2", "2,2", "4,3"], help="paged kernel: warps,stages")
+  ap.add_argument("--tilings", nargs="+", default=["4,3,3", "4,2,4", "2,2,8"],
+                  help="paged kernel: warps,stages[,programs a multiprocessor the split count plans for]")
   ap.add_argument("--calls", type=int, default=20)
   ap.add_argument("--xla", action="store_true", help="time XLA's every-format reader too (slow)")
   ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -100,9 +101,10 @@ def main():
       runs = [("reordered (pallas)", reordered, lambda q, qg, r, c: attention.decode_attention(
           q, r, implementation="pallas"))]
       for tiling in args.tilings:
-        warps, stages = (int(x) for x in tiling.split(","))
-        config = qd.DecodeConfig(num_warps=warps, num_stages=stages)
-        runs.append((f"paged, {warps} warps / {stages} stages", unreordered,
+        warps, stages, *programs = (int(x) for x in tiling.split(","))
+        programs = programs[0] if programs else qd.DecodeConfig().programs_per_multiprocessor
+        config = qd.DecodeConfig(num_warps=warps, num_stages=stages, programs_per_multiprocessor=programs)
+        runs.append((f"paged, {warps} warps / {stages} stages / {programs} a multiprocessor", unreordered,
                      lambda q, qg, r, c, config=config: interleaved_decode(qg, c, config=config)))
       if args.xla:
         runs.append(("xla reader", unreordered, lambda q, qg, r, c: interleaved_attention(qg, c)))

@@ -44,6 +44,8 @@
 #   bash benchmarks/kernel_experiments.sh narrow    # (s39; H100: kernel 1.0-1.3 % faster) both wgmmas 8 wide
 #   bash benchmarks/kernel_experiments.sh h200_s39  # (s39) the bars' rows, short: 32 x 100, 60 x 5, issue 5's 32k
 #   bash benchmarks/kernel_experiments.sh steps_s39  # (s39) 60 x 5 without split-K GEMMs; 32 x 100 narrow
+#   bash benchmarks/kernel_experiments.sh c_long    # (s40) ablation C's paged kernel in the 7B step, 32 x 100, 1 x 100
+#   bash benchmarks/kernel_experiments.sh c_short   # (s40) the same at 60 x 5 and 20 x 5
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -51,7 +53,7 @@
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
-tag=${TAG:-s39}  # results' names: mosaic_int2_<tag>_folded, ...
+tag=${TAG:-s40}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 # A variant against the default: the INT2 kernel at batch 32 and 60 (its mosaic_int2 variants $1 beside the default's,
 # float64 checks first), issue 5's batch 60 x 32k (mix, int2) under quantized_decode's configuration $2, and the 7B
@@ -253,9 +255,18 @@ case "${1:-}" in
         --variants default,mosaic_four_splits --inner 1 --gpu-time --out "$out" --tag ${tag}_two_splits_$tokens \
         --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: $tokens)"
     done ;;
+  c_long)  # (s40) ablation C's paged kernel in the 7B step, long videos: 32 x 100 and 1 x 100, fp16 and windowquant
+           # beside (the floors' bar: every method within 1.5 x; XLA's reader of C, s32's rows, is 2.3-25 x)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 330 python -m benchmarks.decode_throughput --settings 32x100 1x100 \
+      --attention pallas --methods fp16 windowquant C --out "$out" --budget-s 310 --tag ${tag}_C_long \
+      || echo "(stopped: c_long)" ;;
+  c_short)  # (s40) the same at the paper's settings, 60 x 5 and 20 x 5
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 330 python -m benchmarks.decode_throughput --settings 60x5 20x5 \
+      --attention pallas --methods fp16 windowquant C --out "$out" --budget-s 310 --tag ${tag}_C_short \
+      || echo "(stopped: c_short)" ;;
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
-     echo "steps_s39" >&2
+     echo "steps_s39 c_long c_short" >&2
      exit 2 ;;
 esac

@@ -39,6 +39,14 @@ from wq_jax.cache import POOL_BITS
 
 _QUANTIZED = tuple(b for b in POOL_BITS if b != 16)  # (4, 2): phases 1 and 2
 
+# Its tiling. A window step is a chain of dependent work (a page-table entry, its loads, the dots, the softmax's
+# reductions across warps), so more programs a multiprocessor than the registers keep resident still help:
+# the split count plans for 8. H100, one layer (`interleaved_bench.py`, `results/interleaved_s40_*_h100.md`),
+# µs against 4 warps / 3 stages / 3 programs: batch 32 x 19,968 all-INT2 384 against 415, mixed plan 403
+# against 430; batch 60 x 1k mixed 80 against 95. One warp a program executes the fewest instructions a window
+# but was 2-3 x slower; 2 warps lost on the mixed plan.
+PAGED = qd.DecodeConfig(num_warps=4, num_stages=2, programs_per_multiprocessor=8)
+
 
 def _code_asm(bits: int, part: int, parity: int) -> str:
   """PTX: two 16-bit words of codes -> part `part` of byte parity e of each, as two halves c (f16x2).
@@ -158,7 +166,7 @@ def _check(layer, head_dim: int, interpret: bool) -> None:
     raise ValueError(f"head dim {head_dim}: the GPU kernel's INT2 parts need H >= 64 (a dot is 16 wide at least)")
 
 
-def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeConfig = qd.DecodeConfig(),
+def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeConfig = PAGED,
                        interpret: bool | None = None) -> Float[Array, "B K G H"]:
   """softmax(qg . K^T) V over one layer of ablation C's cache (`wq_jax.interleaved.InterleavedLayer`), qg
   pre-scaled (float32), in float32."""
