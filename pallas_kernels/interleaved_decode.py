@@ -86,8 +86,9 @@ def _part_codes(words, *, bits: int, part: int, inline_asm: bool):
   return jnp.stack(tiles, axis=-1).reshape(words.shape[0], 2 * words.shape[1])
 
 
-def _kernel(counts_ref, starts_ref, rest_len_ref, q_ref, k_rows, v_rows, k_codes4, v_codes4, k_codes2, v_codes2,
-            rest_k_ref, rest_v_ref, o_ref, m_ref, l_ref, *, heap_words, kv_heads, window, splits, dtype, meta_dtype,
+def _kernel(counts_ref, starts_ref, rest_len_ref, layer_ref, q_ref, k_rows, v_rows, k_codes4, v_codes4, k_codes2, v_codes2,
+            rest_k_ref, rest_v_ref, o_ref, m_ref, l_ref, *, heap_words, kv_heads, layers, window, splits, dtype,
+            meta_dtype,
             exp2, inline_asm):
   """One (request, KV head, split): its share of each format's windows and of the rest, as three partial
   softmaxes o [3, Gp, H], m and l [3, Gp] (phases: 16-bit windows and rest, INT4, INT2)."""
@@ -113,8 +114,10 @@ def _kernel(counts_ref, starts_ref, rest_len_ref, q_ref, k_rows, v_rows, k_codes
   m, l, (acc,) = qd._fresh(q.shape[0], head_dim, 1)
   lo, hi = entries(0)
   m, l, acc = lax.fori_loop(lo, hi, dense_window, (m, l, acc))
-  capacity = rest_k_ref.shape[0] // (rest_len_ref.shape[0] * kv_heads)
-  m, l, acc = qd._dense_segment((m, l, acc), q, rest_k_ref, rest_v_ref, bk * capacity, capacity, 0,
+  pairs = rest_len_ref.shape[0] * kv_heads
+  capacity = rest_k_ref.shape[0] // (pairs * layers)
+  rows = (layer_ref[0] * pairs + bk) * capacity  # this layer's rest rows (of the stacked segment, or its own)
+  m, l, acc = qd._dense_segment((m, l, acc), q, rest_k_ref, rest_v_ref, rows, capacity, 0,
                                 rest_len_ref[bk // kv_heads], block=min(64, qd._pow2_floor(capacity)), split=split,
                                 num_splits=splits, deferred_sum=False, exp2=exp2)
   m_ref[0, :], l_ref[0, :] = m, l
@@ -182,18 +185,21 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
   for heap in (layer.k_heap, layer.v_heap):  # reshapes of the heap, no copies
     views.append([heap.reshape(-1, h), heap.reshape(-1, h // 4), heap.reshape(-1, h // 8)])
   (k_rows, k4, k2), (v_rows, v4, v2) = views
+  stacked = layer.layer is not None  # rest_k [L, B, K, R, H]: read layer `layer`'s rows in place
+  rest_layer = (layer.layer if stacked else jnp.zeros((), jnp.int32)).astype(jnp.int32).reshape(1)
   inputs = [layer.format_counts.astype(jnp.int32), layer.format_starts.astype(jnp.int32),
-            layer.rest_len.astype(jnp.int32), q, k_rows, v_rows, k4, v4, k2, v2,
+            layer.rest_len.astype(jnp.int32), rest_layer, q, k_rows, v_rows, k4, v4, k2, v2,
             layer.rest_k.reshape(-1, h), layer.rest_v.reshape(-1, h)]
   n = b * kh * splits
   inline_asm = config.inline_asm and not interpret
   exp2 = qd._exp2_ftz if inline_asm and config.fast_exp2 else jnp.exp2
   kernel = functools.partial(_kernel, heap_words=heap_words, kv_heads=kh, window=layer.window_size, splits=splits,
+                             layers=layer.rest_k.shape[0] if stacked else 1,
                              dtype=jnp.dtype(layer.dtype), meta_dtype=jnp.dtype(layer.meta_dtype), exp2=exp2,
                              inline_asm=inline_asm)
   whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
   in_specs = [whole(x) for x in inputs]
-  in_specs[3] = pl.BlockSpec((None, gp, h), lambda i: (i // splits, 0, 0))
+  in_specs[4] = pl.BlockSpec((None, gp, h), lambda i: (i // splits, 0, 0))
   phases = 1 + len(_QUANTIZED)
   o, m, l = pl.pallas_call(
       kernel,

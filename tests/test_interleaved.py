@@ -27,10 +27,15 @@ def test_unreordered_equals_reordered(dtype):
     np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=tol, atol=tol)
   # Same records, no reordering: bytes within the buckets of each other.
   assert 0.9 < unreordered.nbytes / reordered.nbytes < 1.1
-  # Appending works the same way.
-  layer = unreordered.layer(1).append(k[1, :, :, 0], v[1, :, :, 0])
-  c2 = unreordered.replace_layer(1, layer).advance()
-  np.testing.assert_array_equal(np.asarray(c2.rest_len), np.asarray(unreordered.rest_len) + 1)
+  # Appending works the same way, into a layer's own rest segment or the stacked one in place.
+  for stacked in (False, True):
+    layer = unreordered.layer(1, stacked=stacked).append(k[1, :, :, 0], v[1, :, :, 0])
+    c2 = unreordered.replace_layer(1, layer).advance()
+    np.testing.assert_array_equal(np.asarray(c2.rest_len), np.asarray(unreordered.rest_len) + 1)
+    row = np.asarray(unreordered.rest_len)
+    np.testing.assert_array_equal(np.asarray(c2.rest_k[1, np.arange(batch), :, row]),
+                                  np.asarray(k[1, :, :, 0].astype(c2.rest_k.dtype)))
+    np.testing.assert_array_equal(np.asarray(c2.rest_k[0]), np.asarray(unreordered.rest_k[0]))
 
 
 def _random_cache(dtype, *, batch, kv, h, s, w, layers=1, rest=30, seed=0, formats=(16, 4, 2)):
@@ -54,13 +59,15 @@ def test_paged_kernel_matches_the_xla_reader(dtype, h, g, batch, formats):
   from pallas_kernels import quantized_decode
   from pallas_kernels.interleaved_decode import interleaved_decode
   from wq_jax.interleaved import interleaved_attention
-  c = _random_cache(dtype, batch=batch, kv=2, h=h, s=8, w=10, seed=h + g, formats=formats)
-  layer = c.layer(0)
+  c = _random_cache(dtype, batch=batch, kv=2, h=h, s=8, w=10, layers=2, seed=h + g, formats=formats)
   qg = jax.random.normal(jax.random.PRNGKey(9), (batch, 2, g, h)) * h ** -0.5
-  want = interleaved_attention(qg, layer)
-  # Several splits (each a share of every format and of the rest), and one.
-  for config in (quantized_decode.DecodeConfig(min_tokens_per_split=16, multiprocessors=8),
-                 quantized_decode.DecodeConfig(min_tokens_per_split=1 << 20)):
+  want = interleaved_attention(qg, c.layer(1))
+  # Several splits (each a share of every format and of the rest), and one; the layer's own rest segment, and
+  # every layer's stacked (as decode passes it, read in place).
+  for config, stacked in ((quantized_decode.DecodeConfig(min_tokens_per_split=16, multiprocessors=8), False),
+                          (quantized_decode.DecodeConfig(min_tokens_per_split=1 << 20), True)):
+    layer = c.layer(1, stacked=stacked)
+    np.testing.assert_allclose(np.asarray(interleaved_attention(qg, layer)), np.asarray(want), rtol=1e-6)
     got = interleaved_decode(qg, layer, config=config, interpret=True)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=3e-3, atol=3e-3)
 

@@ -54,12 +54,23 @@ class InterleavedLayer:
   plan: jax.Array  # int32 [W]
   format_starts: jax.Array  # int32 [W]: 16-bit units, the 16-bit records, then INT4's, then INT2's
   format_counts: jax.Array  # int32 [3]: records of each format (POOL_BITS order)
-  rest_k: jax.Array
+  rest_k: jax.Array  # [B, K, R, H], or with `layer` every layer's [L, B, K, R, H] (as `cache.LayerCache`)
   rest_v: jax.Array
   rest_len: jax.Array
   window_size: int = struct.field(pytree_node=False)
   dtype: str = struct.field(pytree_node=False)
   meta_dtype: str = struct.field(pytree_node=False)
+  layer: jax.Array | None = None
+
+  @property
+  def capacity(self) -> int:
+    return self.rest_k.shape[-2]
+
+  def own_rest(self):
+    """This layer's rest keys and values, [B, K, R, H] each."""
+    if self.layer is None:
+      return self.rest_k, self.rest_v
+    return self.rest_k[self.layer], self.rest_v[self.layer]
 
   def append(self, k_new, v_new) -> "InterleavedLayer":
     return append_to_rest(self, k_new, v_new)
@@ -93,12 +104,16 @@ class InterleavedCache:
     return sum(int(x.size) * x.dtype.itemsize for x in jax.tree_util.tree_leaves(self))
 
   def layer(self, l, *, stacked: bool = False) -> InterleavedLayer:
-    del stacked  # the interleaved layout's readers take a layer's own rest segment
+    """Layer l's view; `stacked`: over every layer's rest segment, appended to and read in place (a layer's own
+    slice is a copy a layer and step), as `KVCache.layer`."""
+    rest_k, rest_v = (self.rest_k, self.rest_v) if stacked else (self.rest_k[l], self.rest_v[l])
     return InterleavedLayer(self.k_heap, self.v_heap, self.record_start[l], self.plan[l], self.format_starts[l],
-                            self.format_counts[l], self.rest_k[l], self.rest_v[l], self.rest_len, self.window_size,
-                            self.dtype, self.meta_dtype)
+                            self.format_counts[l], rest_k, rest_v, self.rest_len, self.window_size, self.dtype,
+                            self.meta_dtype, jnp.asarray(l, jnp.int32) if stacked else None)
 
   def replace_layer(self, l, layer: InterleavedLayer) -> "InterleavedCache":
+    if layer.layer is not None:
+      return self.replace(rest_k=layer.rest_k, rest_v=layer.rest_v)
     return self.replace(rest_k=self.rest_k.at[l].set(layer.rest_k), rest_v=self.rest_v.at[l].set(layer.rest_v))
 
   def advance(self) -> "InterleavedCache":
@@ -248,11 +263,12 @@ def layer_windows(heap, layer: InterleavedLayer, head_dim: int):
 def interleaved_attention(qg, layer: InterleavedLayer):
   """Dequantize every window in original order, then one softmax over windows and rest."""
   h = qg.shape[-1]
-  k = jnp.concatenate([layer_windows(layer.k_heap, layer, h), layer.rest_k.astype(jnp.float32)], axis=2)
-  v = jnp.concatenate([layer_windows(layer.v_heap, layer, h), layer.rest_v.astype(jnp.float32)], axis=2)
-  num_window_tokens = k.shape[2] - layer.rest_k.shape[2]
+  rest_k, rest_v = layer.own_rest()
+  k = jnp.concatenate([layer_windows(layer.k_heap, layer, h), rest_k.astype(jnp.float32)], axis=2)
+  v = jnp.concatenate([layer_windows(layer.v_heap, layer, h), rest_v.astype(jnp.float32)], axis=2)
+  num_window_tokens = k.shape[2] - rest_k.shape[2]
   valid = jnp.concatenate([jnp.ones((qg.shape[0], num_window_tokens), bool),
-                           jnp.arange(layer.rest_k.shape[2])[None, :] < layer.rest_len[:, None]], axis=1)
+                           jnp.arange(rest_k.shape[2])[None, :] < layer.rest_len[:, None]], axis=1)
   logits = jnp.einsum("BKGH,BKTH->BKGT", qg, k)
   probs = jax.nn.softmax(jnp.where(valid[:, None, None, :], logits, -jnp.inf), axis=-1)
   return jnp.einsum("BKGT,BKTH->BKGH", probs, v)
