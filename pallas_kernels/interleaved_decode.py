@@ -86,10 +86,9 @@ def _part_codes(words, *, bits: int, part: int, inline_asm: bool):
   return jnp.stack(tiles, axis=-1).reshape(words.shape[0], 2 * words.shape[1])
 
 
-def _kernel(counts_ref, starts_ref, rest_len_ref, layer_ref, q_ref, k_rows, v_rows, k_codes4, v_codes4, k_codes2, v_codes2,
-            rest_k_ref, rest_v_ref, o_ref, m_ref, l_ref, *, heap_words, kv_heads, layers, window, splits, dtype,
-            meta_dtype,
-            exp2, inline_asm):
+def _kernel(counts_ref, starts_ref, rest_len_ref, layer_ref, q_ref, k_rows, v_rows, k_codes4, v_codes4, k_codes2,
+            v_codes2, rest_k_ref, rest_v_ref, o_ref, m_ref, l_ref, *, heap_words, kv_heads, layers, window, splits,
+            dtype, meta_dtype, exp2, inline_asm):
   """One (request, KV head, split): its share of each format's windows and of the rest, as three partial
   softmaxes o [3, Gp, H], m and l [3, Gp] (phases: 16-bit windows and rest, INT4, INT2)."""
   program = pl.program_id(0)
