@@ -80,8 +80,9 @@ def main():
   ap.add_argument("--batches", type=int, nargs="+", default=[32])
   ap.add_argument("--tokens", type=int, default=19968)
   ap.add_argument("--plans", nargs="+", default=["mix", "int2"], choices=list(PLANS))
-  ap.add_argument("--tilings", nargs="+", default=["4,3,3", "4,2,4", "2,2,8"],
-                  help="paged kernel: warps,stages[,programs a multiprocessor the split count plans for]")
+  ap.add_argument("--tilings", nargs="+", default=["4,2,8,1", "4,2,8,2"],
+                  help="paged kernel: warps,stages[,programs a multiprocessor the split count plans for[,windows a "
+                       "quantized step]]")
   ap.add_argument("--calls", type=int, default=20)
   ap.add_argument("--xla", action="store_true", help="time XLA's every-format reader too (slow)")
   ap.add_argument("--out", default=str(Path(__file__).parent / "results"))
@@ -101,10 +102,13 @@ def main():
       runs = [("reordered (pallas)", reordered, lambda q, qg, r, c: attention.decode_attention(
           q, r, implementation="pallas"))]
       for tiling in args.tilings:
-        warps, stages, *programs = (int(x) for x in tiling.split(","))
-        programs = programs[0] if programs else qd.DecodeConfig().programs_per_multiprocessor
-        config = qd.DecodeConfig(num_warps=warps, num_stages=stages, programs_per_multiprocessor=programs)
-        runs.append((f"paged, {warps} warps / {stages} stages / {programs} a multiprocessor", unreordered,
+        warps, stages, *rest = (int(x) for x in tiling.split(","))
+        programs = rest[0] if rest else qd.DecodeConfig().programs_per_multiprocessor
+        windows = rest[1] if len(rest) > 1 else 1
+        config = qd.DecodeConfig(num_warps=warps, num_stages=stages, programs_per_multiprocessor=programs,
+                                 tile_windows=windows)
+        runs.append((f"paged, {warps} warps / {stages} stages / {programs} a multiprocessor / {windows} windows a step",
+                     unreordered,
                      lambda q, qg, r, c, config=config: interleaved_decode(qg, c, config=config)))
       if args.xla:
         runs.append(("xla reader", unreordered, lambda q, qg, r, c: interleaved_attention(qg, c)))

@@ -6,7 +6,8 @@ W windows a layer, R rest tokens, J splits, b bits, n = H b / 16 (16-bit words o
 `wq_jax.interleaved` keeps a layer's windows in their original order as variable-size records in one heap
 of 16-bit units, and a page table: the records' starts grouped by format (`format_starts`, `format_counts`).
 This kernel streams each format's windows through that table, as paged attention streams blocks, so each
-loop is homogeneous (one format, one window a step) though no two windows need be adjacent. The heap is
+loop is homogeneous (one format; one window a step, or two under one softmax update with
+`DecodeConfig.tile_windows=2`, slower on an H100) though no two windows need be adjacent. The heap is
 read in place through three reshapes of it (no copy): rows of H words (16-bit windows, scales and
 minimums), and rows of n words (a token's codes).
 
@@ -40,12 +41,13 @@ from wq_jax.cache import POOL_BITS
 _QUANTIZED = tuple(b for b in POOL_BITS if b != 16)  # (4, 2): phases 1 and 2
 
 # Its tiling. A window step is a chain of dependent work (a page-table entry, its loads, the dots, the softmax's
-# reductions across warps), so more programs a multiprocessor than the registers keep resident still help:
-# the split count plans for 8. H100, one layer (`interleaved_bench.py`, `results/interleaved_s40_*_h100.md`),
-# µs against 4 warps / 3 stages / 3 programs: batch 32 x 19,968 all-INT2 384 against 415, mixed plan 403
-# against 430; batch 60 x 1k mixed 80 against 95. One warp a program executes the fewest instructions a window
-# but was 2-3 x slower; 2 warps lost on the mixed plan.
-PAGED = qd.DecodeConfig(num_warps=4, num_stages=2, programs_per_multiprocessor=8)
+# maximum across warps), so more programs a multiprocessor than the registers keep resident still help: the
+# split count plans for 8. H100, one layer (`interleaved_bench.py`, `results/interleaved_s40_*_h100.md`), µs
+# against 4 warps / 3 stages / 3 programs: batch 32 x 19,968 all-INT2 384 against 415, mixed plan 403 against
+# 430; batch 60 x 1k mixed 80 against 95. One warp a program executes the fewest instructions a window but was
+# 2-3 x slower; 2 warps lost on the mixed plan. Then the running sum as a tile (no reduction across warps a
+# step): 359 / 377 / 67. Two windows a step (`tile_windows=2`): 384 / 405 / 75.
+PAGED = qd.DecodeConfig(num_warps=4, num_stages=2, programs_per_multiprocessor=8, tile_windows=1)
 
 
 def _code_asm(bits: int, part: int, parity: int) -> str:
@@ -88,7 +90,7 @@ def _part_codes(words, *, bits: int, part: int, inline_asm: bool):
 
 def _kernel(counts_ref, starts_ref, rest_len_ref, layer_ref, q_ref, k_rows, v_rows, k_codes4, v_codes4, k_codes2,
             v_codes2, rest_k_ref, rest_v_ref, o_ref, m_ref, l_ref, *, heap_words, kv_heads, layers, window, splits,
-            dtype, meta_dtype, exp2, inline_asm):
+            dtype, meta_dtype, exp2, inline_asm, windows_per_step):
   """One (request, KV head, split): its share of each format's windows and of the rest, as three partial
   softmaxes o [3, Gp, H], m and l [3, Gp] (phases: 16-bit windows and rest, INT4, INT2)."""
   program = pl.program_id(0)
@@ -137,20 +139,36 @@ def _kernel(counts_ref, starts_ref, rest_len_ref, layer_ref, q_ref, k_rows, v_ro
         out.append(_part_codes(words, bits=bits, part=p, inline_asm=inline_asm) * scale + minimum)
       return out
 
-    def quantized_window(i, carry, k_codes=k_codes, v_codes=v_codes, q_parts=q_parts, dequantized=dequantized):
-      m, l, accs = carry
-      start = starts_ref[i]
+    def scores(start, q_parts=q_parts, dequantized=dequantized, k_codes=k_codes):
       keys = dequantized(k_codes, k_rows, start)
-      s = functools.reduce(jnp.add, [qd._dot_t(qp, kp) for qp, kp in zip(q_parts, keys)])
-      m, l, corr, p = qd._online_softmax(m, l, s, exp2)
-      values = dequantized(v_codes, v_rows, start)
-      p = p.astype(jnp.float16)
-      return m, l, tuple(a * corr[:, None] + qd._dot(p, v) for a, v in zip(accs, values))
+      return functools.reduce(jnp.add, [qd._dot_t(qp, kp) for qp, kp in zip(q_parts, keys)])
+
+    def quantized_step(j, carry, lo, hi, scores=scores, dequantized=dequantized, v_codes=v_codes):
+      """Entries lo + w j ... (w = `windows_per_step`, those below hi) under one softmax update. The running
+      sum is a tile [Gp, S] whose rows sum to l (`quantized_decode._sum_tile`): no reduction across warps for it
+      a step, one at the loop's end."""
+      m, l, accs = carry
+      first = lo + windows_per_step * j
+      entries_ = [jnp.minimum(first + w, hi - 1) for w in range(windows_per_step)]
+      starts = [starts_ref[e] for e in entries_]
+      s = [scores(starts[0])]
+      s += [jnp.where(first + w < hi, scores(starts[w]), -jnp.inf) for w in range(1, windows_per_step)]
+      m_new = functools.reduce(jnp.maximum, [jnp.max(x, axis=1) for x in s], m)
+      corr = exp2(m - m_new)
+      probs = [exp2(x - m_new[:, None]) for x in s]
+      l = l * corr[:, None] + functools.reduce(jnp.add, probs)
+      accs = [a * corr[:, None] for a in accs]
+      for start, p in zip(starts, probs):
+        values = dequantized(v_codes, v_rows, start)
+        accs = [a + qd._dot(p.astype(jnp.float16), v) for a, v in zip(accs, values)]
+      return m_new, l, tuple(accs)
 
     m, l, accs = qd._fresh(q.shape[0], 2 * n, len(parts))
     lo, hi = entries(phase)
-    m, l, accs = lax.fori_loop(lo, hi, quantized_window, (m, l, accs))
-    m_ref[phase, :], l_ref[phase, :] = m, l
+    m, l, accs = lax.fori_loop(0, pl.cdiv(hi - lo, windows_per_step),
+                               functools.partial(quantized_step, lo=lo, hi=hi),
+                               (m, qd._sum_tile(l, window, True), accs))
+    m_ref[phase, :], l_ref[phase, :] = m, qd._sum_rows(l)
     for cols, a in zip(parts, accs):
       o_ref[phase, :, cols] = a
 
@@ -195,7 +213,7 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
   kernel = functools.partial(_kernel, heap_words=heap_words, kv_heads=kh, window=layer.window_size, splits=splits,
                              layers=layer.rest_k.shape[0] if stacked else 1,
                              dtype=jnp.dtype(layer.dtype), meta_dtype=jnp.dtype(layer.meta_dtype), exp2=exp2,
-                             inline_asm=inline_asm)
+                             inline_asm=inline_asm, windows_per_step=config.tile_windows)
   whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
   in_specs = [whole(x) for x in inputs]
   in_specs[4] = pl.BlockSpec((None, gp, h), lambda i: (i // splits, 0, 0))

@@ -62,10 +62,12 @@ def test_paged_kernel_matches_the_xla_reader(dtype, h, g, batch, formats):
   c = _random_cache(dtype, batch=batch, kv=2, h=h, s=8, w=10, layers=2, seed=h + g, formats=formats)
   qg = jax.random.normal(jax.random.PRNGKey(9), (batch, 2, g, h)) * h ** -0.5
   want = interleaved_attention(qg, c.layer(1))
-  # Several splits (each a share of every format and of the rest), and one; the layer's own rest segment, and
-  # every layer's stacked (as decode passes it, read in place).
-  for config, stacked in ((quantized_decode.DecodeConfig(min_tokens_per_split=16, multiprocessors=8), False),
-                          (quantized_decode.DecodeConfig(min_tokens_per_split=1 << 20), True)):
+  # Several splits (each a share of every format and of the rest), and one; a window a quantized step, and two
+  # (an odd count's last step holds one); the layer's own rest segment, and every layer's stacked (as decode
+  # passes it, read in place).
+  several = quantized_decode.DecodeConfig(min_tokens_per_split=16, multiprocessors=8, tile_windows=1)
+  one = quantized_decode.DecodeConfig(min_tokens_per_split=1 << 20, tile_windows=2)
+  for config, stacked in ((several, False), (one, True)):
     layer = c.layer(1, stacked=stacked)
     np.testing.assert_allclose(np.asarray(interleaved_attention(qg, layer)), np.asarray(want), rtol=1e-6)
     got = interleaved_decode(qg, layer, config=config, interpret=True)
