@@ -173,17 +173,18 @@ def _kernel(counts_ref, starts_ref, rest_len_ref, layer_ref, q_ref, k_rows, v_ro
       o_ref[phase, :, cols] = a
 
 
-def _check(layer, head_dim: int, interpret: bool) -> None:
-  """Clear errors for layouts this kernel cannot read, before anything is traced."""
+def unreadable(layer, head_dim: int, interpret: bool) -> str | None:
+  """Why this kernel cannot read `layer` (None where it can): 16-bit caches only (a float32 model's 16-bit
+  windows hold 4-byte values), windows of a multiple of 8 tokens, and on the GPU dots 16 channels wide."""
   dtype = jnp.dtype(layer.dtype)
   if dtype.itemsize != 2 or jnp.dtype(layer.meta_dtype).itemsize != 2:
-    raise ValueError(f"the interleaved kernel reads 16-bit caches (dtype {dtype.name}, scales "
-                     f"{layer.meta_dtype}); use implementation='xla' for this one")
+    return f"it reads 16-bit caches, not {dtype.name} values with {layer.meta_dtype} scales"
   if layer.window_size % 8 or layer.k_heap.dtype != jnp.uint16:
-    raise ValueError(f"the interleaved kernel needs a uint16 heap and windows of a multiple of 8 tokens "
-                     f"(heap {layer.k_heap.dtype}, window {layer.window_size})")
+    return (f"it needs a uint16 heap and windows of a multiple of 8 tokens (heap {layer.k_heap.dtype}, "
+            f"window {layer.window_size})")
   if not interpret and head_dim * min(_QUANTIZED) // 8 < 16:
-    raise ValueError(f"head dim {head_dim}: the GPU kernel's INT2 parts need H >= 64 (a dot is 16 wide at least)")
+    return f"head dim {head_dim}: its INT2 parts need H >= 64 on the GPU (a dot is 16 wide at least)"
+  return None
 
 
 def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeConfig = PAGED,
@@ -192,7 +193,9 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
   pre-scaled (float32), in float32."""
   interpret = jax.default_backend() == "cpu" if interpret is None else interpret
   b, kh, g, h = qg.shape
-  _check(layer, h, interpret)
+  reason = unreadable(layer, h, interpret)
+  if reason:
+    raise ValueError(f"the interleaved kernel cannot read this cache: {reason}; implementation='xla' can")
   gp = max(16, 1 << (g - 1).bit_length())
   heap_words = layer.k_heap.shape[-1]
   windows, capacity = layer.plan.shape[0], layer.rest_k.shape[-2]

@@ -76,15 +76,21 @@ def test_paged_kernel_matches_the_xla_reader(dtype, h, g, batch, formats):
 
 def test_pallas_attention_reads_the_interleaved_cache():
   """decode_attention(implementation="pallas") on ablation C's cache runs the paged kernel, and agrees with
-  "xla"; a cache the kernel cannot read (float32) gets an error that says what to do."""
+  "xla"; a cache the kernel cannot read (float32) goes to XLA's reader with a warning that says why, and the
+  kernel itself, asked directly, says so in its error."""
   c = _random_cache(jnp.bfloat16, batch=2, kv=2, h=64, s=8, w=6, seed=5)
   q = jax.random.normal(jax.random.PRNGKey(4), (2, 8, 64)).astype(jnp.bfloat16)
   a = attention.decode_attention(q, c.layer(0), implementation="xla")
   b = attention.decode_attention(q, c.layer(0), implementation="pallas")
   np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2, atol=1e-2)
   f32 = _random_cache(jnp.float32, batch=1, kv=2, h=64, s=8, w=4, seed=6)
-  with pytest.raises(ValueError, match="16-bit caches"):
-    attention.decode_attention(q[:1].astype(jnp.float32), f32.layer(0), implementation="pallas")
+  q32 = q[:1].astype(jnp.float32)
+  with pytest.warns(UserWarning, match="16-bit caches"):
+    got = attention.decode_attention(q32, f32.layer(0), implementation="pallas")
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(attention.decode_attention(q32, f32.layer(0))))
+  from pallas_kernels.interleaved_decode import interleaved_decode
+  with pytest.raises(ValueError, match="16-bit caches.*'xla' can"):
+    interleaved_decode(jnp.zeros((1, 2, 4, 64)), f32.layer(0), interpret=True)
 
 
 def test_page_table_lists_each_format_in_window_order():

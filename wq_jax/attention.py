@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import warnings
 from typing import Callable
 
 import jax
@@ -108,10 +109,15 @@ def decode_attention(
 
 def _interleaved(qg, layer: InterleavedLayer, implementation: str, mesh) -> jax.Array:
   """Ablation C's unreordered layout: its paged Pallas kernel under any "pallas" name, XLA's reader (every
-  window in every format, selected per window) otherwise and under a mesh (XLA partitions it itself)."""
+  window in every format, selected per window) otherwise, under a mesh (XLA partitions it itself), and for
+  caches the kernel cannot read (float32 models: said once, as a warning)."""
   if implementation.startswith("pallas") and mesh is None:
-    from pallas_kernels.interleaved_decode import interleaved_decode
-    return interleaved_decode(qg, layer)
+    from pallas_kernels import interleaved_decode as paged
+    reason = paged.unreadable(layer, qg.shape[-1], interpret=jax.default_backend() == "cpu")
+    if reason is None:
+      return paged.interleaved_decode(qg, layer)
+    warnings.warn(f"ablation C under {implementation!r}: the paged kernel cannot read this cache ({reason}); "
+                  "XLA's reader instead", stacklevel=3)
   return interleaved_attention(qg, layer)
 
 
