@@ -1086,15 +1086,20 @@ def _launch(q, gp, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, 
       grid=(n * phases if parallel else n,),
       in_specs=[whole(x) for x in inputs],
       out_specs=out_specs,
-      out_shape=[jax.ShapeDtypeStruct((n, phases, gp, h), jnp.float32),
-                 jax.ShapeDtypeStruct((n, phases, gp), jnp.float32),
-                 jax.ShapeDtypeStruct((n, phases, gp), jnp.float32)],
+      out_shape=partial_softmax_shapes(n, phases, gp, h),
       compiler_params=plgpu.CompilerParams(num_warps=config.num_warps, num_stages=config.num_stages),
       interpret=interpret,
       name="wq_quantized_decode",
   )(*inputs)
   shape = (b, kh, splits * phases, gp)  # each phase of each split is one partial softmax
   return o.reshape(*shape, h), m.reshape(shape), l.reshape(shape)
+
+
+def partial_softmax_shapes(programs: int, phases: int, rows: int, head_dim: int) -> list[jax.ShapeDtypeStruct]:
+  """A launch's partial softmaxes, float32: o [programs, phases, rows, H], m and l [programs, phases, rows]."""
+  return [jax.ShapeDtypeStruct((programs, phases, rows, head_dim), jnp.float32),
+          jax.ShapeDtypeStruct((programs, phases, rows), jnp.float32),
+          jax.ShapeDtypeStruct((programs, phases, rows), jnp.float32)]
 
 
 def combine_splits(o: Float[Array, "B K J G H"], m: Float[Array, "B K J G"], l: Float[Array, "B K J G"]):
