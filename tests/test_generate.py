@@ -1,5 +1,6 @@
 """`wq_jax.generate` end to end on a tiny converted LLaVA-OneVision and real encoded mp4 files."""
 import logging
+import warnings
 
 import jax
 import numpy as np
@@ -231,3 +232,21 @@ def test_fused_norms_generate_what_xla_norms_generate(model, videos):
   np.testing.assert_allclose(plain.logits, fused.logits, rtol=1e-4, atol=1e-4)
   with pytest.raises(ValueError, match="norms"):
     wq_jax.generate(model, videos[3], PROMPT, norms="triton", **kw)
+
+
+def test_unreordered_cache_under_pallas_generates_what_xla_generates(model, videos):
+  """Ablation C (reorder=False) in a bf16 model's decode loop: the paged kernel (interpret mode, its rest segment
+  appended to and read in place) against XLA's reader of the same cache."""
+  bf16 = model.replace(params=jax.tree.map(
+      lambda x: x.astype(jax.numpy.bfloat16) if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x,
+      model.params), dtype="bfloat16")
+  kw = dict(method="windowquant", config=WindowQuantConfig(window_size=8, reorder=False), num_frames=FRAMES,
+            max_new_tokens=6, return_logits=True)
+  xla = wq_jax.generate(bf16, videos[1], PROMPT, attention="xla", **kw)
+  with warnings.catch_warnings():
+    warnings.filterwarnings("error", message=".*paged kernel cannot read")  # no fallback to XLA's reader
+    pallas = wq_jax.generate(bf16, videos[1], PROMPT, attention="pallas", **kw)
+  assert (xla.bit_plan < 16).any() and (xla.bit_plan == 16).any()
+  np.testing.assert_array_equal(xla.token_ids, pallas.token_ids)
+  # bf16 activations: 0.02 apart at most where the logits reach 3.4 (CPU, interpret mode)
+  np.testing.assert_allclose(xla.logits, pallas.logits, rtol=0.05, atol=0.05)
