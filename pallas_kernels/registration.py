@@ -55,6 +55,10 @@
     "pallas:combine_one_block"  the default, its merged combine (large batches) on one program a (request, KV
                                 head), the grid before s33 (no channel blocks)
 
+Ablation C's unreordered cache (`wq_jax.interleaved`) is not a `LayerCache`: under any of these names
+`decode_attention` reads it with `interleaved_decode.py`'s paged kernel (one format at a time through the
+cache's page table), and with XLA's every-format reader where that kernel cannot read it (float32 caches).
+
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
 """
