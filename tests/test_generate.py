@@ -247,6 +247,16 @@ def test_unreordered_cache_under_pallas_generates_what_xla_generates(model, vide
     warnings.filterwarnings("error", message=".*paged kernel cannot read")  # no fallback to XLA's reader
     pallas = wq_jax.generate(bf16, videos[1], PROMPT, attention="pallas", **kw)
   assert (xla.bit_plan < 16).any() and (xla.bit_plan == 16).any()
-  np.testing.assert_array_equal(xla.token_ids, pallas.token_ids)
-  # bf16 activations: 0.02 apart at most where the logits reach 3.4 (CPU, interpret mode)
-  np.testing.assert_allclose(xla.logits, pallas.logits, rtol=0.05, atol=0.05)
+  # Step i's logits follow tokens 0 .. i-1: compare every step whose prefix the two loops share. In bf16 a
+  # near-tie may flip a greedy token (XLA's CPU reductions are not bit-reproducible across runs): then the tie
+  # must be one (top two logits within the tolerance), and the paths part there.
+  tokens_x, tokens_p = np.ravel(xla.token_ids), np.ravel(pallas.token_ids)
+  logits_x = np.asarray(xla.logits).reshape(len(tokens_x), -1)
+  logits_p = np.asarray(pallas.logits).reshape(len(tokens_p), -1)
+  shared = int(np.cumprod(tokens_x == tokens_p).sum())  # leading tokens equal
+  assert shared >= 1, (tokens_x, tokens_p)  # the prefill's token: then at least one decode step is compared
+  compared = min(shared + 1, len(tokens_x))
+  # 0.02 apart at most where the logits reach 3.4 (CPU, interpret mode)
+  np.testing.assert_allclose(logits_x[:compared], logits_p[:compared], rtol=0.05, atol=0.05)
+  if shared < len(tokens_x):  # XLA's greedy token and the kernel's within the tolerance of each other there
+    assert logits_x[shared].max() - logits_x[shared][tokens_p[shared]] < 0.1, (shared, tokens_x, tokens_p)
