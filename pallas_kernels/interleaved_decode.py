@@ -198,8 +198,7 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
     raise ValueError(f"the interleaved kernel cannot read this cache: {reason}; implementation='xla' can")
   gp = max(16, 1 << (g - 1).bit_length())
   heap_words = layer.k_heap.shape[-1]
-  windows, capacity = layer.plan.shape[0], layer.rest_k.shape[-2]
-  splits = qd.num_splits(b, kh, windows * layer.window_size + capacity, config)
+  splits = qd.num_splits(b, kh, layer.plan.shape[0] * layer.window_size + layer.capacity, config)
   q = jnp.pad(qg.astype(jnp.float32) * qd._LOG2E, ((0, 0), (0, 0), (0, gp - g), (0, 0))).reshape(b * kh, gp, h)
   views = []
   for heap in (layer.k_heap, layer.v_heap):  # reshapes of the heap, no copies
@@ -207,9 +206,9 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
   (k_rows, k4, k2), (v_rows, v4, v2) = views
   stacked = layer.layer is not None  # rest_k [L, B, K, R, H]: read layer `layer`'s rows in place
   rest_layer = (layer.layer if stacked else jnp.zeros((), jnp.int32)).astype(jnp.int32).reshape(1)
-  inputs = [layer.format_counts.astype(jnp.int32), layer.format_starts.astype(jnp.int32),
-            layer.rest_len.astype(jnp.int32), rest_layer, q, k_rows, v_rows, k4, v4, k2, v2,
-            layer.rest_k.reshape(-1, h), layer.rest_v.reshape(-1, h)]
+  scalars = [layer.format_counts.astype(jnp.int32), layer.format_starts.astype(jnp.int32),
+             layer.rest_len.astype(jnp.int32), rest_layer]
+  arrays = [k_rows, v_rows, k4, v4, k2, v2, layer.rest_k.reshape(-1, h), layer.rest_v.reshape(-1, h)]
   n = b * kh * splits
   inline_asm = config.inline_asm and not interpret
   exp2 = qd._exp2_ftz if inline_asm and config.fast_exp2 else jnp.exp2
@@ -218,8 +217,8 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
                              dtype=jnp.dtype(layer.dtype), meta_dtype=jnp.dtype(layer.meta_dtype), exp2=exp2,
                              inline_asm=inline_asm, windows_per_step=config.tile_windows)
   whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
-  in_specs = [whole(x) for x in inputs]
-  in_specs[4] = pl.BlockSpec((None, gp, h), lambda i: (i // splits, 0, 0))
+  inputs = [*scalars, q, *arrays]  # q: a (request, KV head)'s block a program; the rest whole
+  in_specs = [*map(whole, scalars), pl.BlockSpec((None, gp, h), lambda i: (i // splits, 0, 0)), *map(whole, arrays)]
   phases = 1 + len(_QUANTIZED)
   o, m, l = pl.pallas_call(
       kernel,

@@ -964,9 +964,10 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
 
 
 def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False, bits: int = 2):
-  """O^T f32 [128, 16] or (`narrow_values`) [128, 8] (WGMMA layout) whose rows are channels in `value_row_channels(by_ldmatrix, bits)` order
-  -> o_ref (a plain [128, 16] f32 buffer in shared memory) in channel order: each register pair to its channel's
-  row (8 stores of 8 bytes a thread), so that no pass after the kernel puts them back."""
+  """O^T f32 [128, 16] or (`narrow_values`) [128, 8] (WGMMA layout) whose rows are channels in
+  `value_row_channels(by_ldmatrix, bits)` order -> o_ref (a plain [128, 16] f32 buffer in shared memory) in
+  channel order: each register pair to its channel's row (8 stores of 8 bytes a thread), so that no pass after
+  the kernel puts them back."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir

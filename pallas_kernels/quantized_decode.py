@@ -361,8 +361,8 @@ MOSAIC_PAIRED = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
     mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"].items()))
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 39 (MOSAIC_WIDE in s38,
 # MOSAIC_FOUR_SPLITS in s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before
-# it MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06 against 10.13,
-# kivi2 9.04 against 12.94, kivi4 9.58 against 10.32, `decode_throughput_*_s28_lean_all_gpu.md`),
+# it MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
+# against 10.13, kivi2 9.04 against 12.94, kivi4 9.58 against 10.32, `decode_throughput_*_s28_lean_all_gpu.md`),
 # with the launches' partials merged in one Pallas launch (`combine_kernel`; `combine_with_heads_last_kernel`
 # until s33) where XLA takes five or more small kernels a layer. The merged combine: 9.98 ms against 10.09 with
 # XLA's merge at 32 x 100 (session 24); for two Mosaic launches (INT2 and INT4 pools) it replaces a transposed,
