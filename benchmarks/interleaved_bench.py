@@ -4,8 +4,10 @@ For each batch and plan (Qwen2-7B attention: 4 KV heads, 7 query heads each, hea
 random keys and values are quantized by one random plan (the plan's shares of 16-bit, INT4 and INT2 windows
 at random positions) into both layouts:
   - `reordered`: the WindowQuant cache (`cache.build_cache`) under the default `"pallas"` path;
-  - `paged, W warps / S stages`: ablation C's unreordered heap under `interleaved_decode` (the paged reader),
-    one row a tiling;
+  - `paged (default)`: ablation C's unreordered heap under `interleaved_decode` as `"pallas"` runs it (since
+    session 41 its INT4 and INT2 windows through the Mosaic kernel's page table at >= 128 pairs on JAX >= 0.11);
+  - `paged triton, W warps / S stages`: the same with every format through the Triton paged kernel, a row a
+    tiling;
   - `xla reader`: ablation C's heap under XLA's every-format reader (what C ran before session 40).
 Each row: the median time a call (`--calls` calls dispatched back to back, one wait, so the host's dispatch
 overlaps the GPU), the cache's bytes read (`nbytes` of each layout: the heap is the records plus padding),
@@ -80,7 +82,7 @@ def main():
   ap.add_argument("--batches", type=int, nargs="+", default=[32])
   ap.add_argument("--tokens", type=int, default=19968)
   ap.add_argument("--plans", nargs="+", default=["mix", "int2"], choices=list(PLANS))
-  ap.add_argument("--tilings", nargs="+", default=["4,2,8,1", "4,2,8,2"],
+  ap.add_argument("--tilings", nargs="*", default=["4,2,8,1"],
                   help="paged kernel: warps,stages[,programs a multiprocessor the split count plans for[,windows a "
                        "quantized step]]")
   ap.add_argument("--calls", type=int, default=20)
@@ -100,16 +102,17 @@ def main():
       qg = (q.astype(jnp.float32) * scale).reshape(batch, KV_HEADS, HEADS // KV_HEADS, HEAD_DIM)
       want = jax.jit(lambda q, l: attention.decode_attention(q, l, implementation="pallas"))(q, r_layer)
       runs = [("reordered (pallas)", reordered, lambda q, qg, r, c: attention.decode_attention(
-          q, r, implementation="pallas"))]
+          q, r, implementation="pallas")),
+              ("paged (default)", unreordered, lambda q, qg, r, c: interleaved_decode(qg, c))]
       for tiling in args.tilings:
         warps, stages, *rest = (int(x) for x in tiling.split(","))
         programs = rest[0] if rest else qd.DecodeConfig().programs_per_multiprocessor
         windows = rest[1] if len(rest) > 1 else 1
         config = qd.DecodeConfig(num_warps=warps, num_stages=stages, programs_per_multiprocessor=programs,
                                  tile_windows=windows)
-        runs.append((f"paged, {warps} warps / {stages} stages / {programs} a multiprocessor / {windows} windows a step",
-                     unreordered,
-                     lambda q, qg, r, c, config=config: interleaved_decode(qg, c, config=config)))
+        runs.append((f"paged triton, {warps} warps / {stages} stages / {programs} a multiprocessor / {windows} "
+                     "windows a step", unreordered,
+                     lambda q, qg, r, c, config=config: interleaved_decode(qg, c, config=config, mosaic=())))
       if args.xla:
         runs.append(("xla reader", unreordered, lambda q, qg, r, c: interleaved_attention(qg, c)))
       for name, layout, fn in runs:
@@ -131,7 +134,9 @@ def main():
   notes = (f"- copy bandwidth: {copy}\n- one layer, Qwen2-7B attention shapes, window 32, bf16 values, f16 scales; "
            "the same random plan and codes in both layouts; µs a call: median of 5 repeats of "
            f"{args.calls} calls dispatched back to back\n- reordered: the default `\"pallas\"` path (Mosaic INT2 "
-           "kernel at >= 128 pairs on JAX >= 0.11, Triton otherwise); paged: `interleaved_decode` (Triton)")
+           "kernel at >= 128 pairs on JAX >= 0.11, Triton otherwise); paged: `interleaved_decode` (default: its INT4 "
+           "and INT2 windows through the Mosaic kernel's page table where the reordered pools take that kernel; "
+           "triton: every format through the Triton paged kernel)")
   path = write_results(f"interleaved_{args.tag}", rows,
                        ["batch", "tokens", "plan", "reader", "us", "MB", "TBps", "pct_copy", "max_abs_diff", "error"],
                        "Decode attention, reordered against unreordered (ablation C) layouts", notes,

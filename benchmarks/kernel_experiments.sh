@@ -46,6 +46,10 @@
 #   bash benchmarks/kernel_experiments.sh steps_s39  # (s39) 60 x 5 without split-K GEMMs; 32 x 100 narrow
 #   bash benchmarks/kernel_experiments.sh c_long    # (s40) ablation C's paged kernel in the 7B step, 32 x 100, 1 x 100
 #   bash benchmarks/kernel_experiments.sh c_short   # (s40) the same at 60 x 5 and 20 x 5
+#   bash benchmarks/kernel_experiments.sh c_mosaic  # (s41) C's INT4 and INT2 windows through the Mosaic kernel's page
+#                                                   # table: one layer at batch 32 x 19,968 and 60 x 1k against the
+#                                                   # reordered cache and the Triton paged kernel; the 7B step at
+#                                                   # 32 x 100 and 60 x 5, fp16 and windowquant beside
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -53,7 +57,7 @@
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
-tag=${TAG:-s40}  # results' names: mosaic_int2_<tag>_folded, ...
+tag=${TAG:-s41}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 # A variant against the default: the INT2 kernel at batch 32 and 60 (its mosaic_int2 variants $1 beside the default's,
 # float64 checks first), issue 5's batch 60 x 32k (mix, int2) under quantized_decode's configuration $2, and the 7B
@@ -264,9 +268,18 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 330 python -m benchmarks.decode_throughput --settings 60x5 20x5 \
       --attention pallas --methods fp16 windowquant C --out "$out" --budget-s 310 --tag ${tag}_C_short \
       || echo "(stopped: c_short)" ;;
+  c_mosaic)  # (s41) ablation C's INT4 and INT2 windows through the Mosaic kernel's page table (the default at >= 128
+             # pairs): one layer against the reordered cache and the Triton paged kernel, then the 7B step
+    timeout 150 python benchmarks/interleaved_bench.py --batches 32 --tokens 19968 --plans mix int2 --out "$out" \
+      --tag ${tag}_b32 || echo "(stopped: c_mosaic, batch 32)"
+    timeout 60 python benchmarks/interleaved_bench.py --batches 60 --tokens 1024 --plans mix --out "$out" \
+      --tag ${tag}_b60_1k || echo "(stopped: c_mosaic, batch 60 x 1k)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 330 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
+      --attention pallas --methods fp16 windowquant C --out "$out" --budget-s 310 --tag ${tag}_C_mosaic \
+      || echo "(stopped: c_mosaic, the 7B step)" ;;
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
-     echo "steps_s39 c_long c_short" >&2
+     echo "steps_s39 c_long c_short c_mosaic" >&2
      exit 2 ;;
 esac

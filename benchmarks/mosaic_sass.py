@@ -108,7 +108,21 @@ def pool_shapes(batch: int, tokens: int, bits: int = 2, per_token: bool = False)
           values]
 
 
-def lowered_modules(options: dict, shapes: list, splits: int, keep) -> list:
+def paged_shapes(batch: int, tokens: int, bits: int = 2) -> list:
+  """`paged`'s inputs as shapes: q, heaps of `tokens` / 32 records of `bits` bits a pair and room for a 16-bit
+  one past them (as `wq_jax.interleaved` keeps), the page table."""
+  import jax
+  import jax.numpy as jnp
+
+  from pallas_kernels import mosaic_int2 as mi
+  windows = tokens // mi.WINDOW
+  units = (mi.WINDOW * mi.HEAD_DIM * bits // 8 + 4 * mi.HEAD_DIM) // 2  # a record's 16-bit units
+  heap = jax.ShapeDtypeStruct((batch, 1, (windows * units + mi.WINDOW * mi.HEAD_DIM)), jnp.uint16)
+  return [jax.ShapeDtypeStruct((batch, 7, mi.HEAD_DIM), jnp.float32), heap, heap,
+          jax.ShapeDtypeStruct((windows,), jnp.int32)]
+
+
+def lowered_modules(options: dict, shapes: list, splits: int, keep, bits: int = 2) -> list:
   """`keep(module, serialized, serialize)` of each call of Mosaic's serde pass (spied on: the module it was
   given, which it leaves as it was, and the one it returns) while `pool_partials` with `options` is lowered for
   CUDA on this machine."""
@@ -124,7 +138,13 @@ def lowered_modules(options: dict, shapes: list, splits: int, keep) -> list:
     kept.append(keep(module, out, serialize))
     return out
 
-  fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, **options))
+  options = dict(options)
+  if options.pop("paged", False):  # ablation C's heaps (`paged_shapes`): a layer's records through its page table
+    windows = shapes[3].shape[0]
+    fn = jax.jit(lambda q, k_heap, v_heap, table: mi.paged_partials(
+        q, k_heap, v_heap, table, 0, windows, bits=bits, windows=windows, splits=splits, **options))
+  else:
+    fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, **options))
   core._run_serde_pass = spy
   try:
     fn.trace(*shapes).lower(lowering_platforms=("cuda",))
@@ -147,8 +167,11 @@ def serialized_module(variant: str, batch: int, tokens: int, splits: int, overri
     serialized.operation.write_bytecode(buffer)
     return buffer.getvalue()
   options = dict(mi.VARIANTS[variant], **(overrides or {}))
-  shapes = pool_shapes(batch, tokens, bits, bool(options.get("values_per_token")))
-  return [m for m in lowered_modules(options, shapes, splits, bytecode) if m is not None][-1]
+  if options.get("paged"):
+    shapes = paged_shapes(batch, tokens, bits)
+  else:
+    shapes = pool_shapes(batch, tokens, bits, bool(options.get("values_per_token")))
+  return [m for m in lowered_modules(options, shapes, splits, bytecode, bits) if m is not None][-1]
 
 
 def _compile_in_this_process(args) -> None:

@@ -23,6 +23,13 @@ One program serves one (request, KV head, split) and runs three phases, each its
 partial (o, m, l): the 16-bit windows with the rest segment, the INT4 windows, the INT2 windows; the
 combine merges phases like splits. On the GPU a part's dot needs 2n >= 16 channels: H >= 64 for INT2; the
 interpret mode (CPU) takes any H.
+
+Where the reordered cache's INT4 and INT2 pools go through the Mosaic GPU kernel (`mosaic_formats`: large
+launches, JAX >= 0.11), so do C's windows of those formats (session 41): `mosaic_int2.paged_partials` fetches each
+window of a 64-key step from its record by the same page table (a window's codes, scales and minimums: six copies,
+where a reordered pool's step takes six for two windows) and runs that kernel's loop unchanged. This kernel then
+reads the 16-bit windows and the rest only, and the merged combine takes the launches' sets as the reordered
+path's.
 """
 from __future__ import annotations
 
@@ -35,10 +42,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float
 
+from pallas_kernels import mosaic_int2 as mi
 from pallas_kernels import quantized_decode as qd
-from wq_jax.cache import POOL_BITS
 
-_QUANTIZED = tuple(b for b in POOL_BITS if b != 16)  # (4, 2): phases 1 and 2
+FORMATS = (16, 4, 2)  # the page table's order, `wq_jax.cache.POOL_BITS` (not imported: no flax here)
+_QUANTIZED = FORMATS[1:]  # phases 1 and 2
 
 # Its tiling. A window step is a chain of dependent work (a page-table entry, its loads, the dots, the softmax's
 # maximum across warps), so more programs a multiprocessor than the registers keep resident still help: the
@@ -90,9 +98,10 @@ def _part_codes(words, *, bits: int, part: int, inline_asm: bool):
 
 def _kernel(counts_ref, starts_ref, rest_len_ref, layer_ref, q_ref, k_rows, v_rows, k_codes4, v_codes4, k_codes2,
             v_codes2, rest_k_ref, rest_v_ref, o_ref, m_ref, l_ref, *, heap_words, kv_heads, layers, window, splits,
-            dtype, meta_dtype, exp2, inline_asm, windows_per_step):
-  """One (request, KV head, split): its share of each format's windows and of the rest, as three partial
-  softmaxes o [3, Gp, H], m and l [3, Gp] (phases: 16-bit windows and rest, INT4, INT2)."""
+            dtype, meta_dtype, exp2, inline_asm, windows_per_step, quantized):
+  """One (request, KV head, split): its share of each format's windows and of the rest, as partial softmaxes
+  o [P, Gp, H], m and l [P, Gp] (phases: 16-bit windows and rest, then the formats of `quantized`, of INT4 and
+  INT2, that this launch reads)."""
   program = pl.program_id(0)
   split, bk = program % splits, program // splits
   head_dim = q_ref.shape[-1]
@@ -124,7 +133,8 @@ def _kernel(counts_ref, starts_ref, rest_len_ref, layer_ref, q_ref, k_rows, v_ro
   m_ref[0, :], l_ref[0, :] = m, l
   o_ref[0, :, :] = acc
 
-  for phase, (bits, k_codes, v_codes) in enumerate(((4, k_codes4, v_codes4), (2, k_codes2, v_codes2)), start=1):
+  formats = [f for f in ((4, k_codes4, v_codes4), (2, k_codes2, v_codes2)) if f[0] in quantized]
+  for phase, (bits, k_codes, v_codes) in enumerate(formats, start=1):
     n = head_dim * bits // 16  # words of a token's codes; a part is 2n channels
     parts = [pl.ds(2 * n * p, 2 * n) for p in range(8 // bits)]
     q_parts = [q_ref[:, cols].astype(jnp.float16) for cols in parts]
@@ -164,7 +174,7 @@ def _kernel(counts_ref, starts_ref, rest_len_ref, layer_ref, q_ref, k_rows, v_ro
       return m_new, l, tuple(accs)
 
     m, l, accs = qd._fresh(q.shape[0], 2 * n, len(parts))
-    lo, hi = entries(phase)
+    lo, hi = entries(FORMATS.index(bits))
     m, l, accs = lax.fori_loop(0, pl.cdiv(hi - lo, windows_per_step),
                                functools.partial(quantized_step, lo=lo, hi=hi),
                                (m, qd._sum_tile(l, window, True), accs))
@@ -187,15 +197,50 @@ def unreadable(layer, head_dim: int, interpret: bool) -> str | None:
   return None
 
 
+def mosaic_formats(layer, pairs: int, groups: int, head_dim: int, interpret: bool) -> tuple[int, ...]:
+  """The quantized formats whose windows go through the Mosaic GPU kernel (`mosaic_int2.paged_partials`), as the
+  reordered cache's pools of those widths do (`quantized_decode.for_launch`): launches of
+  `DecodeConfig.mosaic_min_pairs` (request, KV head) pairs or more, layers of `mosaic_min_pool_tokens` window
+  tokens or more, windows of 32, head dim 128, at most 8 query heads a KV head, f16 scales, a page table a
+  warpgroup can hold; not in interpret mode, where the Triton kernel reads every format."""
+  cfg = qd.DecodeConfig()
+  windows = layer.plan.shape[0]
+  if (interpret or not mi.available() or cfg.mosaic_min_pairs is None or pairs < cfg.mosaic_min_pairs
+          or windows * layer.window_size < cfg.mosaic_min_pool_tokens):
+    return ()
+  if (layer.window_size != mi.WINDOW or head_dim != mi.HEAD_DIM or groups > 8 or windows > mi.MAX_PAGES
+          or jnp.dtype(layer.meta_dtype) != jnp.float16):
+    return ()
+  return qd.LARGE_BATCH_BITS
+
+
+def _mosaic_set(q, layer, bits: int, large: qd.DecodeConfig, interpret: bool):
+  """The layer's windows of `bits` bits through the Mosaic kernel, read where their records lie: a set of
+  partials for the combine (o heads last)."""
+  b, kh, g, h = q.shape
+  fmt = FORMATS.index(bits)
+  counts = layer.format_counts.astype(jnp.int32)
+  windows = layer.plan.shape[0]  # bounds the format's count
+  splits, options = qd.mosaic_plan(b * kh, windows, bits, large)
+  o_t, m, l = mi.paged_partials(q.reshape(b * kh, g, h), layer.k_heap, layer.v_heap, layer.format_starts,
+                                jnp.sum(counts[:fmt]), counts[fmt], bits=bits, windows=windows, splits=splits,
+                                interpret=mi.interpret_params() if interpret else None, **options)
+  return qd.mosaic_set(o_t, m, l, b, kh)
+
+
 def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeConfig = PAGED,
-                       interpret: bool | None = None) -> Float[Array, "B K G H"]:
+                       interpret: bool | None = None, mosaic: tuple[int, ...] | None = None) -> Float[Array, "B K G H"]:
   """softmax(qg . K^T) V over one layer of ablation C's cache (`wq_jax.interleaved.InterleavedLayer`), qg
-  pre-scaled (float32), in float32."""
+  pre-scaled (float32), in float32. `mosaic`: the quantized formats read by the Mosaic GPU kernel (JAX >= 0.11)
+  through the page table, the others by this kernel; None: `mosaic_formats`'s choice."""
   interpret = jax.default_backend() == "cpu" if interpret is None else interpret
   b, kh, g, h = qg.shape
   reason = unreadable(layer, h, interpret)
   if reason:
     raise ValueError(f"the interleaved kernel cannot read this cache: {reason}; implementation='xla' can")
+  if mosaic is None:
+    mosaic = mosaic_formats(layer, b * kh, g, h, interpret)
+  quantized = tuple(bits for bits in _QUANTIZED if bits not in mosaic)
   gp = max(16, 1 << (g - 1).bit_length())
   heap_words = layer.k_heap.shape[-1]
   splits = qd.num_splits(b, kh, layer.plan.shape[0] * layer.window_size + layer.capacity, config)
@@ -215,11 +260,11 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
   kernel = functools.partial(_kernel, heap_words=heap_words, kv_heads=kh, window=layer.window_size, splits=splits,
                              layers=layer.rest_k.shape[0] if stacked else 1,
                              dtype=jnp.dtype(layer.dtype), meta_dtype=jnp.dtype(layer.meta_dtype), exp2=exp2,
-                             inline_asm=inline_asm, windows_per_step=config.tile_windows)
+                             inline_asm=inline_asm, windows_per_step=config.tile_windows, quantized=quantized)
   whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i: (0,) * x.ndim)
   inputs = [*scalars, q, *arrays]  # q: a (request, KV head)'s block a program; the rest whole
   in_specs = [*map(whole, scalars), pl.BlockSpec((None, gp, h), lambda i: (i // splits, 0, 0)), *map(whole, arrays)]
-  phases = 1 + len(_QUANTIZED)
+  phases = 1 + len(quantized)
   o, m, l = pl.pallas_call(
       kernel,
       grid=(n,),
@@ -233,4 +278,12 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
       name="wq_interleaved_decode",
   )(*inputs)
   shape = (b, kh, splits * phases, gp)
-  return qd.combine_splits(o.reshape(*shape, h), m.reshape(shape), l.reshape(shape))[:, :, :g]
+  triton = (o.reshape(*shape, h), m.reshape(shape), l.reshape(shape))
+  if not mosaic:
+    return qd.combine_splits(*triton)[:, :, :g]
+  large = qd.large_batch(qd.DecodeConfig())  # the Mosaic launches and the merged combine, as the pools take them
+  q = qg.astype(jnp.float32) * qd._LOG2E
+  sets = [triton, *(_mosaic_set(q, layer, bits, large, interpret) for bits in mosaic)]
+  if large.fused_combine:
+    return qd.combine_kernel(sets, g, config=large, interpret=interpret)
+  return qd.combine_sets(sets, g)

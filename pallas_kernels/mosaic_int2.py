@@ -1119,7 +1119,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 fetch_by_one_warp: bool = False, permuted_keys: bool = False, values_per_token: bool = False,
                 folded_minimums: bool = False, eight_column_softmax: bool = False, values_by_ldmatrix: bool = False,
                 token_scaled_p: bool = False, paired_steps: bool = False, narrow_scores: bool = False,
-                narrow_values: bool = False, max_windows: int | None = None, range_params=None):
+                narrow_values: bool = False, max_windows: int | None = None, range_params=None,
+                paged: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1243,6 +1244,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   by the splits, each reading ceil(blocks / splits) blocks or what is left (a dynamic trip count: no block
   past the count is read); windows past the count in a block carry a bias of -1e30, and those past the pool
   are read as zeros (TMA fills them).
+
+  `paged` (a range, four warpgroups, `dequantize_keys`): the windows lie anywhere, as records of ablation C's
+  unreordered heap (`wq_jax.interleaved`), and range_params is [rows, 32]: row 0 as above, rows 1 on the layer's
+  page table (`format_starts`: each record's start in 16-bit units, the range's entries from entry first on;
+  rows of 32, as a copy moves at most 256 elements along a dimension). The codes are then views of the
+  heaps as rows of H/4 (INT2) or H/2 (INT4) bytes, the scales and minimums (and the key minimums in k_bias) views
+  as rows of H f16: a record is a window's codes then a row of scales and a row of minimums. Each window of a
+  block is fetched where its record lies, six copies a window (`paged_partials`).
   """
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
@@ -1288,6 +1297,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                             and not (token_scaled_p or paired_steps or values_by_ldmatrix)):
     raise ValueError("narrow_values: with eight_column_softmax, values_in_registers and in_place_values, not "
                      "token_scaled_p, paired_steps or values_by_ldmatrix")
+  if paged and not (ranged and warpgroups > 1 and dequantize_keys and not (bias_in_kernel or values_per_token)):
+    raise ValueError("paged: a range of windows through a page table, with warpgroups > 1 and dequantize_keys, not "
+                     "bias_in_kernel or values_per_token")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1391,14 +1403,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     def load_range(range_s):  # first window, count, bias row: through shared memory (a TMA moves >= 128 B)
       plgpu.copy_gmem_to_smem(range_g, range_s, my_bar)
       plgpu.barrier_wait(my_bar)
-      values = range_s[0], range_s[1], range_s[2]
+      values = tuple(range_s[0, i] if paged else range_s[i] for i in range(3))  # paged: [rows, 32]
       read_before_reuse()
       return values
     if ranged:  # in blocks of `spb` steps of two windows
       if groups > 1:
         start, count, bias_row = load_range(group_scratch[0].at[wg])
       else:
-        start, count, bias_row = pl.run_scoped(load_range, smem((32,), jnp.int32))
+        start, count, bias_row = pl.run_scoped(load_range, smem(range_params.shape, jnp.int32))
       total = ((count + 1) // 2 + spb - 1) // spb
       per_split = (total + splits - 1) // splits
       begin = split * per_split
@@ -1847,9 +1859,23 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
       def fetch(index):  # block `index` of the split into its slot
         slot = lax.rem(index, stages)
+        if paged:
+          return fetch_pages(index, slot)
         for source, buffer, n, f in zip(sources, buffers, rows, first):
           plgpu.copy_gmem_to_smem(source.at[pair, pl.ds(f + n * (begin + index), n)], buffer.at[slot],
                                   barriers.at[wg * stages + slot])
+
+      def fetch_pages(index, slot):  # each window of the block from its record (`paged`)
+        table = group_scratch[0].at[wg]
+        for j in range(2 * spb):
+          entry = start + jnp.minimum(first_window + 2 * spb * index + j, count - 1)  # past the count: masked
+          unit = table[1 + entry // PAGE_TABLE, entry % PAGE_TABLE]  # the record's start, 16-bit units
+          code_row = unit // (packed // 2)
+          meta_row = unit // HEAD_DIM + WINDOW * packed // (2 * HEAD_DIM)  # after the codes: scales, minimums
+          for source, buffer, row, n in zip(sources, buffers, (code_row, meta_row, meta_row + 1) * 2,
+                                            (WINDOW, 1, 1) * 2):
+            plgpu.copy_gmem_to_smem(source.at[pair, pl.ds(row, n)], buffer.at[slot, pl.ds(n * j, n)],
+                                    barriers.at[wg * stages + slot])
 
       for index in range(stages):
         pl.when(index < my_blocks)(functools.partial(fetch, index))
@@ -1925,14 +1951,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if groups > 1:  # range, O^T and (m, l) staging, the pipeline's buffers and barriers, a set a warpgroup
     blocks_of = lambda shape, dtype, row_bytes=None: smem((groups, stages, *shape), dtype, row_bytes)
     codes_of = lambda: blocks_of((STEP * spb, packed), jnp.uint8, packed)
-    scratch += [smem((groups, 32), jnp.int32), smem((groups, HEAD_DIM, COLUMNS), jnp.float32),
+    scratch += [smem((groups, *range_params.shape), jnp.int32), smem((groups, HEAD_DIM, COLUMNS), jnp.float32),
                 smem((groups, 2, COLUMNS), jnp.float32),
                 codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
                 blocks_of((2 * spb, HEAD_DIM), jnp.float16) if dequantize_keys else blocks_of((2 * spb, COLUMNS),
                                                                                                jnp.float32),
                 codes_of(), blocks_of((value_rows * spb, value_columns), jnp.float16),
                 blocks_of((value_rows * spb, value_columns), jnp.float16),
-                plgpu.Barrier(num_arrivals=6, num_barriers=groups * stages),
+                plgpu.Barrier(num_arrivals=6 * (2 * spb if paged else 1), num_barriers=groups * stages),
                 smem((groups, REDUCTION_SCRATCH if spb == 1 else REDUCTION_SCRATCH_BLOCK2), jnp.float32)]
     threads = dict(num_threads=groups, thread_name="wg")
   if values_scaled_after:  # ones for the column sums of P, one buffer a CTA (the last scratch)
@@ -1951,6 +1977,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
 
 
 MAX_BIAS_ROWS = 256  # 16 KB of shared memory a program, three programs an SM
+PAGE_TABLE = 32  # `paged`: range_params' rows (its page table from row 1 on)
+MAX_PAGES = 2048  # `paged`: a warpgroup holds the layer's page table, 8 KB
 
 
 def in_kernel_bias_rows(windows: int, splits: int, steps_per_block: int = 1) -> int:
@@ -2010,6 +2038,36 @@ def range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, c
   params = jnp.zeros((32,), jnp.int32).at[:3].set(jnp.stack([first, jnp.asarray(count, jnp.int32), bias_row]))
   return int2_decode(q, k_codes, k_scale, bias, v_codes, v_scale, v_min, splits=splits, interpret=interpret,
                      range_params=params, **options)
+
+
+def heap_views(heap, bits: int):
+  """Ablation C's heap of a layer's records, uint16 [B, K, U] (`wq_jax.interleaved`), as `paged` reads it (no
+  copy): codes as rows of a token's code bytes [B*K, 2U / (H b / 8), H b / 8] uint8, and scales and minimums as
+  rows of H f16 [B*K, U / H, H]."""
+  b, k, units = heap.shape
+  packed = HEAD_DIM * bits // 8
+  as_bytes = lax.bitcast_convert_type(heap, jnp.uint8).reshape(b * k, 2 * units // packed, packed)
+  return as_bytes, lax.bitcast_convert_type(heap, jnp.float16).reshape(b * k, units // HEAD_DIM, HEAD_DIM)
+
+
+def paged_partials(q, k_heap, v_heap, page_table, first, count, *, bits: int, windows: int, splits: int,
+                   interpret=None, **options):
+  """Partials (`int2_decode`'s o_t, m, l) over entries first ... first + count - 1 of a layer's page table
+  (`format_starts` [W], int32: records of `bits` bits in ablation C's heaps, uint16 [B, K, U]), each window read
+  where its record lies (`paged`); first and count data, `windows` >= count static (the splits' plan)."""
+  del windows  # the trip counts follow count, as a range's
+  pages = page_table.shape[0]
+  if pages > MAX_PAGES:
+    raise ValueError(f"paged: a page table of at most {MAX_PAGES} windows a layer, got {pages}")
+  params = jnp.zeros((PAGE_TABLE,), jnp.int32).at[:2].set(jnp.stack([jnp.asarray(first, jnp.int32),
+                                                                    jnp.asarray(count, jnp.int32)]))
+  pad = -pages % PAGE_TABLE  # whole rows
+  params = jnp.concatenate([params, page_table.astype(jnp.int32), jnp.zeros((pad,), jnp.int32)])
+  params = params.reshape(-1, PAGE_TABLE)
+  kc, km = heap_views(k_heap, bits)
+  vc, vm = heap_views(v_heap, bits)
+  return int2_decode(q, kc, km, km, vc, vm, vm, splits=splits, interpret=interpret, range_params=params, paged=True,
+                     **options)
 
 
 def pool_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, interpret=None,

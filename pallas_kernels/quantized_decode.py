@@ -925,6 +925,11 @@ def for_launch(config: DecodeConfig, pairs: int, pool_tokens: int, *, interpret:
   if (config.int2_mosaic or config.mosaic_min_pairs is None or interpret or pairs < config.mosaic_min_pairs
           or pool_tokens < config.mosaic_min_pool_tokens):
     return config
+  return large_batch(config)
+
+
+def large_batch(config: DecodeConfig) -> DecodeConfig:
+  """`config` as its large launches take it: `LARGE_BATCH_MOSAIC`'s Mosaic launches and merged combine."""
   return dataclasses.replace(config, int2_mosaic=True, mosaic_min_pairs=None, **LARGE_BATCH_MOSAIC)
 
 
@@ -980,15 +985,25 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, w
   n = b * kh
   q = qg.reshape(n, g, h).astype(jnp.float32) * (q_scale * _LOG2E)
   flat = lambda x: x.reshape(n, *x.shape[2:])
-  splits = mosaic_splits(n, max(1, -(-windows // 2)), config)
-  options = pool_options(dict(config.mosaic_options), kp.bits, kivi=bool(vp.channel_group),
-                         int4_permuted_keys=config.int4_permuted_keys,
-                         kivi_token_scaled=kp.bits in config.kivi_token_scaled_bits)
-  splits = mosaic_int2.cta_splits(splits, options.get("warpgroups", 1), n)  # what a CTA's programs can take
+  splits, options = mosaic_plan(n, windows, kp.bits, config, kivi=bool(vp.channel_group))
   o_t, m, l = mosaic_int2.range_partials(
       q, flat(kp.data), flat(kp.scale), flat(kp.minimum), flat(vp.data), flat(vp.scale), flat(vp.minimum),
       first, count, windows=windows, splits=splits,
       interpret=mosaic_int2.interpret_params() if interpret else None, **options)
+  return mosaic_set(o_t, m, l, b, kh)
+
+
+def mosaic_plan(pairs: int, windows: int, bits: int, config: DecodeConfig, kivi: bool = False) -> tuple[int, dict]:
+  """The splits and `mosaic_int2` options of a Mosaic launch over at most `windows` windows a pair."""
+  options = pool_options(dict(config.mosaic_options), bits, kivi=kivi, int4_permuted_keys=config.int4_permuted_keys,
+                         kivi_token_scaled=bits in config.kivi_token_scaled_bits)
+  splits = mosaic_splits(pairs, max(1, -(-windows // 2)), config)
+  return mosaic_int2.cta_splits(splits, options.get("warpgroups", 1), pairs), options  # what a CTA can take
+
+
+def mosaic_set(o_t, m, l, b: int, kh: int):
+  """A Mosaic launch's partials as a set for the combine: m and l [B, K, 2J, 8], o heads last."""
+  _, splits, h, _ = o_t.shape
   half = mosaic_int2.COLUMNS // 2  # [n, J, H, 16]: column c is head c % 8 of window parity c // 8
   m, l = (x.reshape(b, kh, 2 * splits, half) for x in (m, l))
   return o_t.reshape(b, kh, splits, h, 2, half), m, l

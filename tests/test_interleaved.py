@@ -115,3 +115,35 @@ def test_a_part_is_its_channels_in_order(bits):
   for p in range(8 // bits):
     got = _part_codes(words, bits=bits, part=p, inline_asm=False)
     np.testing.assert_array_equal(np.asarray(got), np.asarray(codes[:, 2 * n * p:2 * n * (p + 1)]))
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_mosaic_views_find_each_record(bits):
+  """What the Mosaic kernel's paged reading takes of a real cache (`mosaic_int2.heap_views`): a window of
+  `bits` bits at page-table unit u has its codes in rows u / (n / 2) ... (rows of n code bytes), its scales in row
+  u / H + S n / 2H and its minimums in the next (rows of H f16), as the kernel computes them; the page table's
+  format order is the kernel's."""
+  from pallas_kernels import interleaved_decode as paged
+  from pallas_kernels import mosaic_int2 as mi
+  from wq_jax import quant
+  from wq_jax.cache import POOL_BITS
+  from wq_jax.interleaved import layer_windows
+  assert paged.FORMATS == POOL_BITS
+  batch, kv, h, s = 2, 2, mi.HEAD_DIM, mi.WINDOW
+  plan = np.array([[2, 16, 4, 2, 4, 2]], np.int32)
+  t = 4 + plan.shape[1] * s + 8
+  k = jax.random.normal(jax.random.PRNGKey(bits), (1, batch, kv, t, h)).astype(jnp.bfloat16)
+  c = build_interleaved_cache(k, k, plan, visual_start=4, num_visual=plan.shape[1] * s, seq_lens=[t, t],
+                              max_new_tokens=2, window_size=s)
+  layer = c.layer(0)
+  codes, meta = mi.heap_views(layer.k_heap, bits)
+  want = np.asarray(layer_windows(layer.k_heap, layer, h)).reshape(batch, kv, -1, s, h)
+  packed = h * bits // 8
+  first = sum(int(np.sum(plan == b)) for b in POOL_BITS[:POOL_BITS.index(bits)])
+  for i, w in enumerate(np.nonzero(plan[0] == bits)[0]):
+    unit = int(layer.format_starts[first + i])
+    window_codes = codes[:, unit // (packed // 2):unit // (packed // 2) + s].reshape(batch, kv, s, packed)
+    row = unit // h + s * packed // (2 * h)
+    scale, minimum = (meta[:, r].reshape(batch, kv, 1, h).astype(jnp.float32) for r in (row, row + 1))
+    got = quant.unpack(window_codes, bits, h).astype(jnp.float32) * scale + minimum
+    np.testing.assert_array_equal(np.asarray(got), want[:, :, w])

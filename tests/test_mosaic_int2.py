@@ -100,6 +100,117 @@ def test_a_range_of_the_pool(interpret, first, count, windows, splits, options):
   np.testing.assert_allclose(out, want, atol=2e-3, rtol=0)
 
 
+def paged_case(seed, pairs, plan, groups, bits):
+  """Ablation C's heaps (uint16 [pairs, 1, U]) holding windows of `plan` (bits a window, original order) as
+  records (`wq_jax.interleaved`: codes, a row of scales, a row of minimums; 16-bit windows garbage here), the
+  page table (`format_starts`: 16-bit, INT4, INT2 records, window order within one), and the `bits` windows as a
+  pool for the reference: (q, heaps, table, first, count), (q, kc, ks, km, vc, vs, vm)."""
+  rng = np.random.default_rng(seed)
+  size = lambda b: mi.WINDOW * mi.HEAD_DIM * b // 8 + (0 if b == 16 else 4 * mi.HEAD_DIM)
+  starts = np.cumsum([0] + [size(b) for b in plan])[:-1]
+  total = -(-int(starts[-1] + size(plan[-1])) // 256) * 256 + size(16)  # room past the end, as the cache keeps
+  q, kc, ks, km, vc, vs, vm = random_case(seed, pairs, mi.WINDOW * max(1, plan.count(bits)), groups, bits)
+  heaps = []
+  for codes, scale, minimum in ((kc, ks, km), (vc, vs, vm)):
+    heap = rng.integers(0, 1 << 16, (pairs, total // 2), dtype=np.uint16).view(np.uint8).reshape(pairs, total)
+    for i, w in enumerate(w for w, b in enumerate(plan) if b == bits):
+      record = np.concatenate([codes[:, mi.WINDOW * i:mi.WINDOW * (i + 1)].reshape(pairs, -1),
+                               scale[:, i].view(np.uint8), minimum[:, i].view(np.uint8)], axis=1)
+      heap[:, starts[w]:starts[w] + record.shape[1]] = record
+    heaps.append(heap.view(np.uint16)[:, None])
+  table = np.concatenate([starts[np.asarray(plan) == b] // 2 for b in (16, 4, 2)]).astype(np.int32)
+  first = sum(plan.count(b) for b in (16, 4, 2)[:(16, 4, 2).index(bits)])
+  return (q, *heaps, table, first, plan.count(bits)), (q, kc, ks, km, vc, vs, vm)
+
+
+PAGED_OPTIONS = dict(warpgroups=4, overlap_values=False, dequantize_keys=True, lagged_max=True,
+                     eight_column_softmax=True)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@pytest.mark.parametrize("plan,splits,options", [
+    ([2, 16, 4, 2, 2, 4, 16, 2, 2, 4, 2], 4, {}),  # odd count: the last step's second window masked
+    ([4, 2, 2, 16, 2, 4, 4, 2, 2, 2, 4, 2, 16, 2, 2, 2, 4, 2], 2, dict(steps_per_block=2)),
+    ([16, 2, 4, 2], 1, {}),  # one window of each; one split a pair
+    ([16, 16, 4, 4], 4, {})])  # no INT2 window: every split empty
+def test_paged_windows_where_their_records_lie(interpret, bits, plan, splits, options):
+  """`paged`: ablation C's windows read through the page table from records of every format in original order
+  (each fetched where it lies), the partials merged, against float64 on those windows as a pool."""
+  paged, pool = paged_case(17, 4, plan, 7, bits)
+  q, k_heap, v_heap, table, first, count = paged
+  o_t, m, l = mi.paged_partials(q, k_heap, v_heap, table, first, count, bits=bits, windows=len(plan),
+                                splits=splits, interpret=interpret, **PAGED_OPTIONS, **options)
+  if count == 0:
+    np.testing.assert_array_equal(np.asarray(l), 0)
+    return
+  np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, q.shape[1])), mi.reference(*pool), atol=2e-3, rtol=0)
+
+
+def test_paged_reading_is_refused_where_it_cannot_go():
+  paged, _ = paged_case(0, 4, [2, 2], 7, 2)
+  q, k_heap, v_heap, table, first, count = paged
+  with pytest.raises(ValueError, match="paged: a range of windows through a page table"):
+    mi.paged_partials(q, k_heap, v_heap, table, first, count, bits=2, windows=2, splits=4, warpgroups=1)
+
+
+def c_layer(seed, batch, kv_heads, groups, plan, capacity=8):
+  """A layer of ablation C's cache as `interleaved_decode` reads it (`wq_jax.interleaved.InterleavedLayer`'s
+  fields; f16 values and scales, its rest segment partly filled), q pre-scaled, and float64 keys and values of
+  every window in original order then the rest, with the rest's valid mask, for the reference."""
+  import types
+  rng = np.random.default_rng(seed)
+  pairs, h, s = batch * kv_heads, mi.HEAD_DIM, mi.WINDOW
+  size = lambda b: s * h * b // 8 + (0 if b == 16 else 4 * h)
+  starts = np.cumsum([0] + [size(b) for b in plan])[:-1]
+  total = -(-int(starts[-1] + size(plan[-1])) // 256) * 256 + size(16)
+  heaps, dense = [], []
+  for _ in range(2):
+    heap = np.zeros((pairs, total), np.uint8)
+    windows = []
+    for w, bits in enumerate(plan):
+      if bits == 16:
+        x = (rng.normal(size=(pairs, s, h)) * 0.5).astype(np.float16)
+        heap[:, starts[w]:starts[w] + size(16)] = x.view(np.uint8).reshape(pairs, -1)
+        windows.append(x.astype(np.float64))
+        continue
+      codes = rng.integers(0, 256, (pairs, s, h * bits // 8), dtype=np.uint8)
+      scale = (rng.uniform(0.05, 0.3, (pairs, h)) * 3 / ((1 << bits) - 1)).astype(np.float16)
+      minimum = (rng.normal(size=(pairs, h)) * 0.5).astype(np.float16)
+      heap[:, starts[w]:starts[w] + size(bits)] = np.concatenate(
+          [codes.reshape(pairs, -1), scale.view(np.uint8), minimum.view(np.uint8)], axis=1)
+      levels = np.concatenate([(codes >> (bits * p)) & ((1 << bits) - 1) for p in range(8 // bits)], axis=-1)
+      windows.append(levels * scale[:, None].astype(np.float64) + minimum[:, None].astype(np.float64))
+    heaps.append(heap.view(np.uint16).reshape(batch, kv_heads, -1))
+    dense.append(np.concatenate(windows, axis=1))
+  rest_len = rng.integers(1, capacity + 1, batch).astype(np.int32)
+  rest = [(rng.normal(size=(batch, kv_heads, capacity, h)) * 0.5).astype(np.float16) for _ in range(2)]
+  counts = np.array([plan.count(b) for b in (16, 4, 2)], np.int32)
+  table = np.concatenate([starts[np.asarray(plan) == b] // 2 for b in (16, 4, 2)]).astype(np.int32)
+  layer = types.SimpleNamespace(
+      k_heap=heaps[0], v_heap=heaps[1], plan=np.asarray(plan, np.int32), format_starts=table, format_counts=counts,
+      rest_k=rest[0], rest_v=rest[1], rest_len=rest_len, capacity=capacity, layer=None, window_size=s,
+      dtype="float16", meta_dtype="float16")
+  k, v = (np.concatenate([d.reshape(batch, kv_heads, -1, h), r.astype(np.float64)], axis=2)
+          for d, r in zip(dense, rest))
+  valid = np.concatenate([np.ones((batch, len(plan) * s), bool), np.arange(capacity)[None] < rest_len[:, None]], 1)
+  q = (rng.normal(size=(batch, kv_heads, groups, h)) * 0.1).astype(np.float32)
+  return layer, q, k, v, valid
+
+
+@pytest.mark.parametrize("mosaic", [(), (2,), (4,), (4, 2)])
+def test_ablation_c_through_both_kernels(interpret, mosaic):
+  """Ablation C's layer (`interleaved_decode`): the formats in `mosaic` through the Mosaic kernel's paged reading,
+  the others and the rest through the Triton kernel (interpret modes), the sets merged by the combine, against
+  float64 attention over every window in original order and the rest."""
+  from pallas_kernels import interleaved_decode as paged
+  layer, q, k, v, valid = c_layer(19, 2, 2, 7, [2, 16, 4, 2, 2, 4, 16, 2, 4, 2, 2])
+  out = np.asarray(paged.interleaved_decode(q, layer, interpret=True, mosaic=mosaic))
+  logits = np.where(valid[:, None, None], np.einsum("bkgh,bkth->bkgt", q.astype(np.float64), k), -np.inf)
+  p = np.exp(logits - logits.max(axis=-1, keepdims=True))
+  want = np.einsum("bkgt,bkth->bkgh", p / p.sum(axis=-1, keepdims=True), v)
+  np.testing.assert_allclose(out, want, atol=3e-3, rtol=0)
+
+
 @pytest.mark.parametrize("spike", [None, 11])
 @pytest.mark.parametrize("dequantize_keys,eight_column_softmax", [(False, False), (True, False), (True, True)])
 def test_lagged_maximum_follows_rising_scores(interpret, spike, dequantize_keys, eight_column_softmax):
@@ -325,7 +436,12 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"], ranged=True,
                                           splits=2),  # the default at batch >= 45: a CTA two pairs' splits
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"],
-                                          ranged=True, bits=4, permuted_keys=False)])
+                                          ranged=True, bits=4, permuted_keys=False),
+                                     # ablation C's windows through a page table (INT2, and INT4's as configured)
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"], paged=True,
+                                          splits=4),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"], paged=True, bits=4,
+                                          permuted_keys=False, splits=2)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
@@ -335,7 +451,14 @@ def test_lowers_for_cuda(options):
   if options.get("values_per_token"):  # KIVI's value metadata: a token's 4 groups of 32 channels
     shapes[5:] = [jax.ShapeDtypeStruct((4, 512, mi.HEAD_DIM // 32), np.float16)] * 2
   splits = options.pop("splits", options.get("warpgroups", 2))
-  if options.pop("ranged", False):
+  if options.pop("paged", False):
+    bits = 4 if shapes[1].shape[-1] == 64 else 2
+    plan = [2, 4, 16, 4, 2] * 60  # a page table of 300 windows: rows of 32 (a copy moves <= 256 along a dimension)
+    (_, k_heap, v_heap, table, first, count), _ = paged_case(0, 4, plan, 7, bits)
+    shapes = [shapes[0], *(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k_heap, v_heap, table))]
+    lower = jax.jit(lambda q, k_heap, v_heap, table: mi.paged_partials(
+        q, k_heap, v_heap, table, first, count, bits=bits, windows=len(plan), splits=splits, **options))
+  elif options.pop("ranged", False):
     lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.range_partials(
         q, kc, ks, km, vc, vs, vm, 3, 9, windows=12, splits=splits, **options))
   else:
