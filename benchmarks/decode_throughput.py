@@ -87,8 +87,10 @@ METHODS = {
 # token), rtn4's only under one that takes INT4.
 MOSAIC_POOLS = {"fp16": (), "kivi2": ("kivi2",), "kivi4": ("kivi4",), "rtn4": (4,)}  # others: INT2 (and INT4)
 # Ablation C's interleaved layout has two readers: XLA's (every window in every format) and, under any "pallas"
-# name, the paged kernel (`pallas_kernels/interleaved_decode.py`, since session 40): timed under "xla" and
-# "pallas" as asked, never again under another "pallas:*" name (each would run the same paged kernel).
+# name, the paged kernel (`pallas_kernels/interleaved_decode.py`, since session 40; its INT4 and INT2 windows
+# through the Mosaic kernel's page table at large batches since s41, "pallas:triton" keeping the Triton one): timed
+# under "xla", "pallas" and "pallas:triton" as asked, never again under another "pallas:*" name (each would run
+# "pallas"'s kernels).
 INTERLEAVED = {"C"}
 ALPHAS = (0.5, 1.0, 2.0, 3.0, 4.0)
 WINDOW_SIZES = (8, 16, 32, 64, 128)
@@ -407,7 +409,7 @@ def _attentions(method: str, asked: list[str]) -> list[str]:
   kernel (at large batches, as `LARGE_BATCH_MOSAIC` says); else either would time "pallas" again. All of them
   where "pallas" was not asked."""
   if method in INTERLEAVED:
-    return [a for a in asked if a in ("xla", "pallas")] or ["pallas"]
+    return [a for a in asked if a in ("xla", "pallas", "pallas:triton")] or ["pallas"]
   if "pallas" not in asked:
     return asked
   bits = MOSAIC_POOLS.get(method, (2, 4))

@@ -57,7 +57,9 @@
 
 Ablation C's unreordered cache (`wq_jax.interleaved`) is not a `LayerCache`: under any of these names
 `decode_attention` reads it with `interleaved_decode.py`'s paged kernel (one format at a time through the
-cache's page table), and with XLA's every-format reader where that kernel cannot read it (float32 caches).
+cache's page table; since session 41 its INT4 and INT2 windows through the Mosaic kernel's page table where the
+reordered pools of those widths take that kernel, except under "pallas:triton", which keeps the Triton paged
+kernel for every format), and with XLA's every-format reader where that kernel cannot read it (float32 caches).
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).

@@ -74,15 +74,22 @@ def test_paged_kernel_matches_the_xla_reader(dtype, h, g, batch, formats):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=3e-3, atol=3e-3)
 
 
-def test_pallas_attention_reads_the_interleaved_cache():
-  """decode_attention(implementation="pallas") on ablation C's cache runs the paged kernel, and agrees with
-  "xla"; a cache the kernel cannot read (float32) goes to XLA's reader with a warning that says why, and the
-  kernel itself, asked directly, says so in its error."""
+def test_pallas_attention_reads_the_interleaved_cache(monkeypatch):
+  """decode_attention(implementation="pallas") on ablation C's cache runs the paged kernel (its own choice of
+  formats for the Mosaic kernel; none under "pallas:triton"), and agrees with "xla"; a cache the kernel cannot
+  read (float32) goes to XLA's reader with a warning that says why, and the kernel itself, asked directly, says
+  so in its error."""
+  from pallas_kernels import interleaved_decode as paged
   c = _random_cache(jnp.bfloat16, batch=2, kv=2, h=64, s=8, w=6, seed=5)
   q = jax.random.normal(jax.random.PRNGKey(4), (2, 8, 64)).astype(jnp.bfloat16)
   a = attention.decode_attention(q, c.layer(0), implementation="xla")
+  asked, kernel = [], paged.interleaved_decode
+  monkeypatch.setattr(paged, "interleaved_decode", lambda qg, layer, **kw: asked.append(kw) or kernel(qg, layer, **kw))
   b = attention.decode_attention(q, c.layer(0), implementation="pallas")
   np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2, atol=1e-2)
+  attention.decode_attention(q, c.layer(0), implementation="pallas:triton")
+  assert asked == [dict(mosaic=None), dict(mosaic=())]
+  monkeypatch.undo()
   f32 = _random_cache(jnp.float32, batch=1, kv=2, h=64, s=8, w=4, seed=6)
   q32 = q[:1].astype(jnp.float32)
   with pytest.warns(UserWarning, match="16-bit caches"):

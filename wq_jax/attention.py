@@ -114,8 +114,8 @@ def _interleaved(qg, layer: InterleavedLayer, implementation: str, mesh) -> jax.
   if implementation.startswith("pallas") and mesh is None:
     from pallas_kernels import interleaved_decode as paged
     reason = paged.unreadable(layer, qg.shape[-1], interpret=jax.default_backend() == "cpu")
-    if reason is None:
-      return paged.interleaved_decode(qg, layer)
+    if reason is None:  # "pallas:triton": the Triton paged kernel for every format, as for the pools
+      return paged.interleaved_decode(qg, layer, mosaic=() if implementation == "pallas:triton" else None)
     warnings.warn(f"ablation C under {implementation!r}: the paged kernel cannot read this cache ({reason}); "
                   "XLA's reader instead", stacklevel=3)
   return interleaved_attention(qg, layer)
