@@ -154,3 +154,25 @@ def test_mosaic_views_find_each_record(bits):
     scale, minimum = (meta[:, r].reshape(batch, kv, 1, h).astype(jnp.float32) for r in (row, row + 1))
     got = quant.unpack(window_codes, bits, h).astype(jnp.float32) * scale + minimum
     np.testing.assert_array_equal(np.asarray(got), want[:, :, w])
+
+
+def test_mosaic_formats_follow_the_pools_rule(monkeypatch):
+  """C's INT4 and INT2 windows go to the Mosaic kernel where the reordered pools of those widths would (>= 128
+  request x KV-head pairs, layers of >= 512 window tokens, window 32, H 128, G <= 8, f16 scales, a page table a
+  warpgroup holds), never in interpret mode."""
+  import types
+
+  from pallas_kernels import interleaved_decode as paged
+  from pallas_kernels import mosaic_int2 as mi
+  from pallas_kernels import quantized_decode as qd
+  monkeypatch.setattr(mi, "available", lambda: True)  # as under JAX >= 0.11
+  layer = lambda windows=624, window=32, meta="float16": types.SimpleNamespace(
+      plan=np.zeros(windows, np.int32), window_size=window, meta_dtype=meta)
+  formats = lambda l=None, pairs=128, groups=7, h=128, interpret=False: paged.mosaic_formats(
+      l or layer(), pairs, groups, h, interpret)
+  assert formats() == qd.LARGE_BATCH_BITS
+  assert formats(pairs=127) == formats(interpret=True) == formats(groups=9) == formats(h=64) == ()
+  assert formats(layer(windows=15)) == formats(layer(window=16)) == formats(layer(meta="bfloat16")) == ()
+  assert formats(layer(windows=mi.MAX_PAGES + 1)) == ()
+  monkeypatch.setattr(mi, "available", lambda: False)
+  assert formats() == ()
