@@ -142,7 +142,7 @@ def lowered_modules(options: dict, shapes: list, splits: int, keep, bits: int = 
   if options.pop("paged", False):  # ablation C's heaps (`paged_shapes`): a layer's records through its page table
     windows = shapes[3].shape[0]
     fn = jax.jit(lambda q, k_heap, v_heap, table: mi.paged_partials(
-        q, k_heap, v_heap, table, 0, windows, bits=bits, windows=windows, splits=splits, **options))
+        q, k_heap, v_heap, table, 0, windows, bits=bits, splits=splits, **options))
   else:
     fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, **options))
   core._run_serde_pass = spy

@@ -203,27 +203,25 @@ def mosaic_formats(layer, pairs: int, groups: int, head_dim: int, interpret: boo
   `DecodeConfig.mosaic_min_pairs` (request, KV head) pairs or more, layers of `mosaic_min_pool_tokens` window
   tokens or more, windows of 32, head dim 128, at most 8 query heads a KV head, f16 scales, a page table a
   warpgroup can hold; not in interpret mode, where the Triton kernel reads every format."""
-  cfg = qd.DecodeConfig()
+  default = qd.DecodeConfig()
   windows = layer.plan.shape[0]
-  if (interpret or not mi.available() or cfg.mosaic_min_pairs is None or pairs < cfg.mosaic_min_pairs
-          or windows * layer.window_size < cfg.mosaic_min_pool_tokens):
+  if qd.for_launch(default, pairs, windows * layer.window_size, interpret=interpret) is default:  # not large
     return ()
-  if (layer.window_size != mi.WINDOW or head_dim != mi.HEAD_DIM or groups > 8 or windows > mi.MAX_PAGES
-          or jnp.dtype(layer.meta_dtype) != jnp.float16):
+  if (not mi.available() or layer.window_size != mi.WINDOW or head_dim != mi.HEAD_DIM or groups > 8
+          or windows > mi.MAX_PAGES or jnp.dtype(layer.meta_dtype) != jnp.float16):
     return ()
   return qd.LARGE_BATCH_BITS
 
 
 def _mosaic_set(q, layer, bits: int, large: qd.DecodeConfig, interpret: bool):
   """The layer's windows of `bits` bits through the Mosaic kernel, read where their records lie: a set of
-  partials for the combine (o heads last)."""
+  partials for the combine (o heads last). q [B, K, G, H] f32, base-2 scores."""
   b, kh, g, h = q.shape
   fmt = FORMATS.index(bits)
   counts = layer.format_counts.astype(jnp.int32)
-  windows = layer.plan.shape[0]  # bounds the format's count
-  splits, options = qd.mosaic_plan(b * kh, windows, bits, large)
+  splits, options = qd.mosaic_plan(b * kh, layer.plan.shape[0], bits, large)  # the layer's windows bound the count
   o_t, m, l = mi.paged_partials(q.reshape(b * kh, g, h), layer.k_heap, layer.v_heap, layer.format_starts,
-                                jnp.sum(counts[:fmt]), counts[fmt], bits=bits, windows=windows, splits=splits,
+                                jnp.sum(counts[:fmt]), counts[fmt], bits=bits, splits=splits,
                                 interpret=mi.interpret_params() if interpret else None, **options)
   return qd.mosaic_set(o_t, m, l, b, kh)
 
@@ -244,7 +242,8 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
   gp = max(16, 1 << (g - 1).bit_length())
   heap_words = layer.k_heap.shape[-1]
   splits = qd.num_splits(b, kh, layer.plan.shape[0] * layer.window_size + layer.capacity, config)
-  q = jnp.pad(qg.astype(jnp.float32) * qd._LOG2E, ((0, 0), (0, 0), (0, gp - g), (0, 0))).reshape(b * kh, gp, h)
+  scaled = qg.astype(jnp.float32) * qd._LOG2E  # base-2 scores, for every launch
+  q = jnp.pad(scaled, ((0, 0), (0, 0), (0, gp - g), (0, 0))).reshape(b * kh, gp, h)
   views = []
   for heap in (layer.k_heap, layer.v_heap):  # reshapes of the heap, no copies
     views.append([heap.reshape(-1, h), heap.reshape(-1, h // 4), heap.reshape(-1, h // 8)])
@@ -282,8 +281,7 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
   if not mosaic:
     return qd.combine_splits(*triton)[:, :, :g]
   large = qd.large_batch(qd.DecodeConfig())  # the Mosaic launches and the merged combine, as the pools take them
-  q = qg.astype(jnp.float32) * qd._LOG2E
-  sets = [triton, *(_mosaic_set(q, layer, bits, large, interpret) for bits in mosaic)]
+  sets = [triton, *(_mosaic_set(scaled, layer, bits, large, interpret) for bits in mosaic)]
   if large.fused_combine:
     return qd.combine_kernel(sets, g, config=large, interpret=interpret)
   return qd.combine_sets(sets, g)

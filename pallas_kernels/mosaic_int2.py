@@ -2050,12 +2050,11 @@ def heap_views(heap, bits: int):
   return as_bytes, lax.bitcast_convert_type(heap, jnp.float16).reshape(b * k, units // HEAD_DIM, HEAD_DIM)
 
 
-def paged_partials(q, k_heap, v_heap, page_table, first, count, *, bits: int, windows: int, splits: int,
-                   interpret=None, **options):
+def paged_partials(q, k_heap, v_heap, page_table, first, count, *, bits: int, splits: int, interpret=None,
+                   **options):
   """Partials (`int2_decode`'s o_t, m, l) over entries first ... first + count - 1 of a layer's page table
   (`format_starts` [W], int32: records of `bits` bits in ablation C's heaps, uint16 [B, K, U]), each window read
-  where its record lies (`paged`); first and count data, `windows` >= count static (the splits' plan)."""
-  del windows  # the trip counts follow count, as a range's
+  where its record lies (`paged`); first and count data (the splits' trip counts follow count, as a range's)."""
   pages = page_table.shape[0]
   if pages > MAX_PAGES:
     raise ValueError(f"paged: a page table of at most {MAX_PAGES} windows a layer, got {pages}")

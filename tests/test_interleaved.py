@@ -89,7 +89,6 @@ def test_pallas_attention_reads_the_interleaved_cache(monkeypatch):
   np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2, atol=1e-2)
   attention.decode_attention(q, c.layer(0), implementation="pallas:triton")
   assert asked == [dict(mosaic=None), dict(mosaic=())]
-  monkeypatch.undo()
   f32 = _random_cache(jnp.float32, batch=1, kv=2, h=64, s=8, w=4, seed=6)
   q32 = q[:1].astype(jnp.float32)
   with pytest.warns(UserWarning, match="16-bit caches"):

@@ -138,8 +138,8 @@ def test_paged_windows_where_their_records_lie(interpret, bits, plan, splits, op
   (each fetched where it lies), the partials merged, against float64 on those windows as a pool."""
   paged, pool = paged_case(17, 4, plan, 7, bits)
   q, k_heap, v_heap, table, first, count = paged
-  o_t, m, l = mi.paged_partials(q, k_heap, v_heap, table, first, count, bits=bits, windows=len(plan),
-                                splits=splits, interpret=interpret, **PAGED_OPTIONS, **options)
+  o_t, m, l = mi.paged_partials(q, k_heap, v_heap, table, first, count, bits=bits, splits=splits,
+                                interpret=interpret, **PAGED_OPTIONS, **options)
   if count == 0:
     np.testing.assert_array_equal(np.asarray(l), 0)
     return
@@ -150,7 +150,7 @@ def test_paged_reading_is_refused_where_it_cannot_go():
   paged, _ = paged_case(0, 4, [2, 2], 7, 2)
   q, k_heap, v_heap, table, first, count = paged
   with pytest.raises(ValueError, match="paged: a range of windows through a page table"):
-    mi.paged_partials(q, k_heap, v_heap, table, first, count, bits=2, windows=2, splits=4, warpgroups=1)
+    mi.paged_partials(q, k_heap, v_heap, table, first, count, bits=2, splits=4, warpgroups=1)
 
 
 def c_layer(seed, batch, kv_heads, groups, plan, capacity=8):
@@ -457,7 +457,7 @@ def test_lowers_for_cuda(options):
     (_, k_heap, v_heap, table, first, count), _ = paged_case(0, 4, plan, 7, bits)
     shapes = [shapes[0], *(jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (k_heap, v_heap, table))]
     lower = jax.jit(lambda q, k_heap, v_heap, table: mi.paged_partials(
-        q, k_heap, v_heap, table, first, count, bits=bits, windows=len(plan), splits=splits, **options))
+        q, k_heap, v_heap, table, first, count, bits=bits, splits=splits, **options))
   elif options.pop("ranged", False):
     lower = jax.jit(lambda q, kc, ks, km, vc, vs, vm: mi.range_partials(
         q, kc, ks, km, vc, vs, vm, 3, 9, windows=12, splits=splits, **options))
