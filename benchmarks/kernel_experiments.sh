@@ -50,6 +50,7 @@
 #                                                   # table: one layer at batch 32 x 19,968 and 60 x 1k against the
 #                                                   # reordered cache and the Triton paged kernel; the 7B step at
 #                                                   # 32 x 100 and 60 x 5, fp16 and windowquant beside
+#   bash benchmarks/kernel_experiments.sh h200_s42  # (s42) h200_s39, then C's 7B step at 32 x 100 and 60 x 5
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -57,7 +58,7 @@
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
 set -euo pipefail
 out=${OUT:-benchmarks/results}
-tag=${TAG:-s41}  # results' names: mosaic_int2_<tag>_folded, ...
+tag=${TAG:-s42}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 # A variant against the default: the INT2 kernel at batch 32 and 60 (its mosaic_int2 variants $1 beside the default's,
 # float64 checks first), issue 5's batch 60 x 32k (mix, int2) under quantized_decode's configuration $2, and the 7B
@@ -277,9 +278,15 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 330 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
       --attention pallas --methods fp16 windowquant C --out "$out" --budget-s 310 --tag ${tag}_C_mosaic \
       || echo "(stopped: c_mosaic, the 7B step)" ;;
+  h200_s42)  # (s42) on an H200: h200_s39's bars' rows, then ablation C in the 7B step (its INT4 and INT2 windows
+             # through the Mosaic kernel's page table since s41; C is unmeasured on an H200 since s32's XLA reader)
+    bash "$0" h200_s39
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 250 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
+      --attention pallas --methods C --out "$out" --budget-s 220 --tag ${tag}_C_h200 \
+      || echo "(stopped: h200_s42, C)" ;;
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
-     echo "steps_s39 c_long c_short c_mosaic" >&2
+     echo "steps_s39 c_long c_short c_mosaic h200_s42" >&2
      exit 2 ;;
 esac
