@@ -224,7 +224,7 @@ case "${1:-}" in
       --back-to-back 32 --tag ${tag}_bars || echo "(stopped: h200_s38, bars)" ;;
   h200_s39)  # (s39) the bars' rows on an H200 in ~5 minutes of device time: issue 6's 32 x 100 (fp16, windowquant,
              # kivi2) and 60 x 5 (windowquant, kivi2, fp16), then issue 5's batch 60 and 8 x 32k (as `bars`)
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 250 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 220 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
       --attention pallas --methods fp16 windowquant kivi2 --out "$out" --budget-s 210 \
       --tag ${tag}_bars_steps || echo "(stopped: h200_s39, steps)"
     timeout 80 python benchmarks/decode_attention.py --tokens 32768 --plans mix --inner 1 --gpu-time --out "$out" \
@@ -281,8 +281,8 @@ case "${1:-}" in
   h200_s42)  # (s42) on an H200: h200_s39's bars' rows, then ablation C in the 7B step (its INT4 and INT2 windows
              # through the Mosaic kernel's page table since s41; C is unmeasured on an H200 since s32's XLA reader)
     bash "$0" h200_s39
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 250 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
-      --attention pallas --methods C --out "$out" --budget-s 220 --tag ${tag}_C_h200 \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 220 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
+      --attention pallas --methods C --out "$out" --budget-s 190 --tag ${tag}_C_h200 \
       || echo "(stopped: h200_s42, C)" ;;
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
