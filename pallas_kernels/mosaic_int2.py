@@ -191,6 +191,14 @@ def range_bias(q: jax.Array, k_min: jax.Array, first, count, windows: int,
   return jnp.pad(bias, ((0, 0), (0, 2 * steps_per_block), (0, 0)), constant_values=_NEG), first - start
 
 
+def _row_bytes(ref) -> int:
+  """Bytes between rows of a [2, H] f16 ref of scales or minimums: 2H, or 4H where `paged`'s merged buffer
+  interleaves a window's scale and minimum rows."""
+  from jax._src.lib.mlir import ir
+  strides, _ = ir.MemRefType(ref.type).get_strides_and_offset()
+  return 2 * strides[0]
+
+
 def _metadata_by_ldmatrix(ref, window, i32):
   """A [2, H] f16 ref of scales or minimums (shared memory) -> 16 registers a thread: register c holds the
   pair of channels 8c + 2 (lane % 4) (and + 1) of row `window` (the thread's). Four `ldmatrix.x4`, each of four
@@ -203,7 +211,7 @@ def _metadata_by_ldmatrix(ref, window, i32):
   c = lambda v: arith.constant(i32, v)
   base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref))
   lane = arith.andi(mgpu.utils.thread_idx(), c(31))
-  row = arith.addi(base, arith.muli(window, c(2 * HEAD_DIM)))
+  row = arith.addi(base, arith.muli(window, c(_row_bytes(ref))))
   row = arith.addi(row, arith.muli(arith.shrui(lane, c(3)), c(16)))  # lanes 8m..8m+7 give matrix m's rows
   quad = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
   pairs = []
@@ -251,7 +259,7 @@ def _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits: int = 2):
   c = lambda v: arith.constant(i32, v)
   width = HEAD_DIM * bits // 8
   base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref))
-  address = arith.addi(arith.addi(base, arith.muli(window, c(2 * HEAD_DIM))), c(2 * width * part))
+  address = arith.addi(arith.addi(base, arith.muli(window, c(_row_bytes(ref)))), c(2 * width * part))
   address = arith.addi(address, arith.muli(lane_pair, c(width // 2)))
   quad = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
   pairs = []
@@ -862,7 +870,7 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
         loaded = []
         for ref in (scales, minimums):
           address = arith.addi(llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref)),
-                               arith.muli(arith.addi(channel, c(window * HEAD_DIM)), c(2)))
+                               arith.addi(arith.muli(channel, c(2)), c(window * _row_bytes(ref))))
           loaded.append(mgpu.utils.bitcast(llvm.inline_asm(i32, [address], "ld.shared.b32 $0, [$1];", "=r,r",
                                                            has_side_effects=True), half2))
         scale, minimum = loaded
@@ -1871,11 +1879,20 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           entry = start + jnp.minimum(first_window + 2 * spb * index + j, count - 1)  # past the count: masked
           unit = table[1 + entry // PAGE_TABLE, entry % PAGE_TABLE]  # the record's start, 16-bit units
           code_row = unit // (packed // 2)
-          meta_row = unit // HEAD_DIM + WINDOW * packed // (2 * HEAD_DIM)  # after the codes: scales, minimums
-          for source, buffer, row, n in zip(sources, buffers, (code_row, meta_row, meta_row + 1) * 2,
-                                            (WINDOW, 1, 1) * 2):
-            plgpu.copy_gmem_to_smem(source.at[pair, pl.ds(row, n)], buffer.at[slot, pl.ds(n * j, n)],
-                                    barriers.at[wg * stages + slot])
+          meta_row = unit // HEAD_DIM + WINDOW * packed // (2 * HEAD_DIM)  # after the codes: scale, minimum
+          # four copies a window: its keys' and values' codes, and each one's scale and minimum rows (adjacent
+          # in the record) into one [2, H] slot of the merged metadata buffer (`paged_scratch`)
+          for source, buffer, row, n in ((kc_g, buffers[0], code_row, WINDOW), (ks_g, buffers[1], meta_row, None),
+                                         (vc_g, buffers[3], code_row, WINDOW), (vs_g, buffers[4], meta_row, None)):
+            target = buffer.at[slot, j] if n is None else buffer.at[slot, pl.ds(n * j, n)]
+            plgpu.copy_gmem_to_smem(source.at[pair, pl.ds(row, n or 2)], target, barriers.at[wg * stages + slot])
+
+      def slot_views(slot):  # the block's six buffers; `paged`: scales and minimums as views of the merged rows
+        if not paged:
+          return [b.at[slot] for b in buffers]
+        keys, values = buffers[1].at[slot], buffers[4].at[slot]
+        return [buffers[0].at[slot], keys.at[:, 0], keys.at[:, 1], buffers[3].at[slot], values.at[:, 0],
+                values.at[:, 1]]
 
       for index in range(stages):
         pl.when(index < my_blocks)(functools.partial(fetch, index))
@@ -1883,7 +1900,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       def body(index, carry):
         slot = lax.rem(index, stages)
         plgpu.barrier_wait(barriers.at[wg * stages + slot])
-        carry = block((index,), *(b.at[slot] for b in buffers), carry)
+        carry = block((index,), *slot_views(slot), carry)
         # The block's reads of the slot precede its last commit_smem (a barrier of the warpgroup).
         if fetch_by_one_warp and interpret is None:  # the other warps branch around the copies' set-up
           plgpu.warp_map(lambda warp: pl.when((warp == 0) & (index + stages < my_blocks))(
@@ -1951,14 +1968,19 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if groups > 1:  # range, O^T and (m, l) staging, the pipeline's buffers and barriers, a set a warpgroup
     blocks_of = lambda shape, dtype, row_bytes=None: smem((groups, stages, *shape), dtype, row_bytes)
     codes_of = lambda: blocks_of((STEP * spb, packed), jnp.uint8, packed)
+
+    def metadata_buffers(values=False):  # scales, then minimums (or the keys' bias); `paged`: merged, one unused
+      if paged:  # a window's scale and minimum rows side by side, as its record holds them: one copy
+        return blocks_of((2 * spb, 2, HEAD_DIM), jnp.float16), blocks_of((1, 8), jnp.float16)
+      if values:
+        return (blocks_of((value_rows * spb, value_columns), jnp.float16),) * 2
+      second = blocks_of((2 * spb, HEAD_DIM), jnp.float16) if dequantize_keys else blocks_of((2 * spb, COLUMNS),
+                                                                                              jnp.float32)
+      return blocks_of((2 * spb, HEAD_DIM), jnp.float16), second
     scratch += [smem((groups, *range_params.shape), jnp.int32), smem((groups, HEAD_DIM, COLUMNS), jnp.float32),
                 smem((groups, 2, COLUMNS), jnp.float32),
-                codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
-                blocks_of((2 * spb, HEAD_DIM), jnp.float16) if dequantize_keys else blocks_of((2 * spb, COLUMNS),
-                                                                                               jnp.float32),
-                codes_of(), blocks_of((value_rows * spb, value_columns), jnp.float16),
-                blocks_of((value_rows * spb, value_columns), jnp.float16),
-                plgpu.Barrier(num_arrivals=6 * (2 * spb if paged else 1), num_barriers=groups * stages),
+                codes_of(), *metadata_buffers(), codes_of(), *metadata_buffers(values=True),
+                plgpu.Barrier(num_arrivals=4 * 2 * spb if paged else 6, num_barriers=groups * stages),
                 smem((groups, REDUCTION_SCRATCH if spb == 1 else REDUCTION_SCRATCH_BLOCK2), jnp.float32)]
     threads = dict(num_threads=groups, thread_name="wg")
   if values_scaled_after:  # ones for the column sums of P, one buffer a CTA (the last scratch)
