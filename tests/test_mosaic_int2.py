@@ -153,6 +153,19 @@ def test_paged_reading_is_refused_where_it_cannot_go():
     mi.paged_partials(q, k_heap, v_heap, table, first, count, bits=2, splits=4, warpgroups=1)
 
 
+@pytest.mark.parametrize("layout,row_bytes", [
+    ("memref<2x128xf16>", 256),  # a pool's [2, H] rows of scales
+    ("memref<2x128xf16, strided<[256, 1], offset: ?>>", 512)])  # `paged`'s view of a merged slot, every other row
+def test_metadata_readers_step_by_the_refs_row_stride(layout, row_bytes):
+  """The readers that address scales and minimums by pointer (on the GPU only; the interpret mode indexes) take a
+  window's row from the ref's own stride: `paged` reads a window's scale and minimum as strided views of one
+  merged [2, 2, H] slot."""
+  import types
+  from jax._src.lib.mlir import ir
+  with ir.Context(), ir.Location.unknown():
+    assert mi._row_bytes(types.SimpleNamespace(type=ir.MemRefType.parse(layout))) == row_bytes
+
+
 def c_layer(seed, batch, kv_heads, groups, plan, capacity=8):
   """A layer of ablation C's cache as `interleaved_decode` reads it (`wq_jax.interleaved.InterleavedLayer`'s
   fields; f16 values and scales, its rest segment partly filled), q pre-scaled, and float64 keys and values of
