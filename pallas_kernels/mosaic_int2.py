@@ -1128,7 +1128,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 folded_minimums: bool = False, eight_column_softmax: bool = False, values_by_ldmatrix: bool = False,
                 token_scaled_p: bool = False, paired_steps: bool = False, narrow_scores: bool = False,
                 narrow_values: bool = False, max_windows: int | None = None, range_params=None,
-                paged: bool = False):
+                paged: bool = False, keys_from_smem: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1260,7 +1260,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   heaps as rows of H/4 (INT2) or H/2 (INT4) bytes, the scales and minimums (and the key minimums in k_bias) views
   as rows of H f16: a record is a window's codes then a row of scales and a row of minimums. Each window of a
   block is fetched where its record lies, six copies a window (`paged_partials`).
-  """
+    `keys_from_smem` (four warpgroups, `dequantize_keys`, not `paired_steps`): the dequantized keys are stored, a part
+  a tile, to a warpgroup's own [parts, 64, W] buffer and the score wgmmas read A from there, so that no wgmma takes
+  a register operand that is being built; with `in_place_values` the previous step's V wgmma is then waited for
+  after this step's score wgmmas are issued, and runs while this step's keys are unpacked (s39's design note:
+  ptxas serializes a wgmma with any instruction defining a register operand of one in flight; untimed).
+"""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -1308,6 +1313,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if paged and not (ranged and warpgroups > 1 and dequantize_keys and not (bias_in_kernel or values_per_token)):
     raise ValueError("paged: a range of windows through a page table, with warpgroups > 1 and dequantize_keys, not "
                      "bias_in_kernel or values_per_token")
+  if keys_from_smem and not (dequantize_keys and warpgroups > 1 and not (paired_steps or keys_in_smem)):
+    raise ValueError("keys_from_smem: the dequantized keys through a warpgroup's buffer, with dequantize_keys and "
+                     "warpgroups > 1, not paired_steps or keys_in_smem")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1631,8 +1639,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       slot = (i % slots if spb % slots == 0 else lax.rem(index, slots)) if defer else 0
       v_s = v_slots.at[slot]
       p_s = p_slots if token_scaled_p else p_slots.at[slot]  # `token_scaled_p`: a B a V^T tile
-      if in_place and not defer:  # the previous step's V wgmma has read v_s and p_s before they are rewritten
-        plgpu.wgmma_wait(0)
+      if in_place and not defer and not keys_from_smem:  # the previous V wgmma has read v_s and p_s before they
+        plgpu.wgmma_wait(0)  # are rewritten (`keys_from_smem`: at the score wgmmas' wait, below)
       if not dequantize_keys:  # q^T times the step's key scales
         if fast:
           bq_s[...] = _scaled_query(q, ks_s)
@@ -1649,6 +1657,13 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
             k_s[:, pl.ds(width * part, width)] = unpacked_keys(kc_s, (part,))[0]
           plgpu.commit_smem()
           plgpu.wgmma(s_acc, k_s, bq_s)
+        elif keys_from_smem:  # the previous step's V wgmma may still run: nothing here defines its operands
+          key_tiles = group_scratch[11].at[wg]
+          for part, keys in enumerate(dequantized_keys(kc_s, ks_s, kb_s)):
+            key_tiles[part] = keys
+          plgpu.commit_smem()  # the score wgmmas read the step's keys after the stores (and the last ones' reads)
+          for part in range(parts):
+            plgpu.wgmma(s_acc, key_tiles.at[part], query_part(part))
         else:
           keys = dequantized_keys(kc_s, ks_s, kb_s) if dequantize_keys else unpacked_keys(kc_s)
           for part in range(parts):
@@ -1982,6 +1997,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 codes_of(), *metadata_buffers(), codes_of(), *metadata_buffers(values=True),
                 plgpu.Barrier(num_arrivals=4 * 2 * spb if paged else 6, num_barriers=groups * stages),
                 smem((groups, REDUCTION_SCRATCH if spb == 1 else REDUCTION_SCRATCH_BLOCK2), jnp.float32)]
+    if keys_from_smem:  # group_scratch[11]: a step's dequantized keys, a tile a part (16 KB a warpgroup)
+      scratch.append(smem((groups, parts, STEP, width), jnp.float16, query_row_bytes))  # wgmma: B's swizzle
     threads = dict(num_threads=groups, thread_name="wg")
   if values_scaled_after:  # ones for the column sums of P, one buffer a CTA (the last scratch)
     scratch.append(smem((STEP, HEAD_DIM), jnp.float16, 32))
@@ -2230,6 +2247,11 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                               permuted_keys=True, fetch_by_one_warp=True,
                                                               folded_minimums=True, eight_column_softmax=True,
                                                               narrow_scores=True, narrow_values=True),
+    # (s42) the default with the keys through shared memory (`keys_from_smem`): the previous step's V wgmma runs
+    # while this step's keys are unpacked (untimed)
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_smem_keys": dict(
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+        eight_column_softmax=True, narrow_scores=True, narrow_values=True, keys_from_smem=True),
     # lean_folded_eight with five and six warpgroups a CTA (s39): more warps a scheduler to hide the step's chain
     # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills, main
     # loop 497 and 539 SASS against 459). Slower on an H100, batch 32 x 19,200: 124.7 and 160.2 µs against 105.7

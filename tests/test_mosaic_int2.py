@@ -290,6 +290,27 @@ def test_paired_steps_share_one_softmax(interpret, bits, warpgroups, splits, fir
   assert_range_matches((q, kc, ks, km, vc, vs, vm), first, count, windows, splits, interpret, options)
 
 
+@pytest.mark.parametrize("bits,splits,first,count,windows,narrow", [
+    (2, 4, None, None, None, True), (2, 2, 3, 25, 32, True), (4, 4, 5, 7, 12, False), (2, 2, 3, 25, 32, False)])
+def test_keys_from_shared_memory(interpret, bits, splits, first, count, windows, narrow):
+  """`keys_from_smem`: the dequantized keys stored to a warpgroup's buffer a part a tile, the score wgmmas reading
+  them there (INT2 and INT4, narrow or 16-wide wgmmas, the whole pool and a range), against float64."""
+  case = random_case(19, 4, 32 * mi.WINDOW, 7, bits)
+  options = dict(warpgroups=4, overlap_values=False, dequantize_keys=True, lagged_max=True,
+                 eight_column_softmax=True, keys_from_smem=True, narrow_scores=narrow)
+  if first is None:
+    out = np.asarray(mi.attend(*case, splits=splits, interpret=interpret, options=tuple(options.items())))
+    np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
+    return
+  assert_range_matches(case, first, count, windows, splits, interpret, options)
+
+
+def test_keys_from_shared_memory_are_refused_where_they_cannot_go():
+  with pytest.raises(ValueError, match="keys_from_smem"):
+    mi.attend(*random_case(16, 4, 8 * mi.WINDOW, 7), splits=4,
+              options=(("warpgroups", 4), ("keys_from_smem", True)))
+
+
 @pytest.mark.parametrize("bits,warpgroups,splits,first,count,windows,narrow_values", [
     (2, 4, 4, None, None, None, False), (2, 4, 2, 3, 25, 32, False), (4, 1, 2, 5, 7, 12, False),
     (2, 4, 4, None, None, None, True), (2, 4, 2, 3, 25, 32, True), (4, 1, 2, 5, 7, 12, True)])
@@ -454,7 +475,12 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"], paged=True,
                                           splits=4),
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"], paged=True, bits=4,
-                                          permuted_keys=False, splits=2)])
+                                          permuted_keys=False, splits=2),
+                                     # s42: the keys through shared memory (INT2 as the default, ranged; INT4)
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_smem_keys"],
+                                          ranged=True),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"], keys_from_smem=True,
+                                          ranged=True, bits=4, permuted_keys=False)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""
