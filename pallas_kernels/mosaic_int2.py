@@ -904,7 +904,7 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
-def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
+def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, only=None):
   """`permuted_keys`: a step's keys as the score wgmma's register operands (f16 [64, W] a part, W = H bits / 8:
   INT2's 4 parts of 32 channels, INT4's 2 of 64; WGMMA layout), column 8g + 2l + e of part p being channel W p +
   (W / 4) l + 2g + e (`key_order`; q^T's rows are permuted alike, so the scores are the same sums). A thread
@@ -914,19 +914,21 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
   INT2 30 loads a thread and step fewer, INT4 38 (offline SASS, s30). Each register: a `prmt` of two bytes, then
   per part the magic exponents' LOP3, the subtraction and one f16x2 fma. `folded` (`folded_minimums`): the parts
   as magic + code (`_FoldedParts`), the minimum pairs folded (16 fmas a thread a step), no subtraction a register
-  (32)."""
+  (32). `only`: these parts alone (their metadata loaded, their registers built; `keys_from_smem` stores each
+  part before the next is built)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm
 
   width, parts = HEAD_DIM * bits // 8, 8 // bits  # a part's channels = a row's code bytes
+  only = tuple(range(parts)) if only is None else tuple(only)
   groups, words = width // 8, width // 16  # a thread's column groups (pairs of bytes) and words of a row
   shape, layout = (STEP, width), plgpu.Layout.WGMMA
   codes_type = _swizzled_codes(width)
   part_type = plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=layout)
 
-  @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()), return_type=(part_type,) * parts)
+  @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()), return_type=(part_type,) * len(only))
   def unpack(ctx, codes, scales, minimums):
     del ctx
     i32, half2, c = _register_types()
@@ -947,15 +949,16 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
                                has_side_effects=True)  # not moved above the TMA's barrier wait
       return [llvm.extractvalue(i32, loaded, [k]) for k in range(words)]
     rows = {0: code_bytes(row), 8: code_bytes(arith.addi(row, c(8)))}
-    metadata = [[mgpu.utils.bitcast(x, half2) for part in range(parts)
-                 for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits)]
-                for ref in (scales, minimums)]
+    metadata = [{part: [mgpu.utils.bitcast(x, half2)
+                        for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits)]
+                 for part in only} for ref in (scales, minimums)]  # part -> its `groups` pairs
     constants = [part_constants(p, True, bits) for p in range(parts)]
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
     if folded:
       folding = _FoldedParts(bits, i32, half2)
-      metadata[1] = [folding.minimum(s, m, i // groups) for i, (s, m) in enumerate(zip(*metadata))]
-    registers = [np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object) for _ in range(parts)]
+      metadata[1] = {part: [folding.minimum(s, m, part) for s, m in zip(metadata[0][part], metadata[1][part])]
+                     for part in only}
+    registers = {part: np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object) for part in only}
     for idx, row_offset, column in _register_offsets(shape):
       g = column // 8  # bytes 2g, 2g + 1 of the thread's: word g // 2, its bytes (2g % 4, + 1)
       first = 2 * g % 4
@@ -963,10 +966,10 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
                                f"prmt.b32 $0, $1, 0, 0x{0x4040 | (first + 1) << 8 | first:x};", "=r,r")
       unpacked = folding.parts_of(spread) if folded else [
           _part_of(spread, constants[part], magic[part], i32, half2) for part in range(parts)]
-      for part in range(parts):
-        registers[part][idx] = _fma_f16x2(unpacked[part], metadata[0][groups * part + g],
-                                          metadata[1][groups * part + g], half2)
-    return tuple(mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None) for r in registers)
+      for part in only:
+        registers[part][idx] = _fma_f16x2(unpacked[part], metadata[0][part][g], metadata[1][part][g], half2)
+    return tuple(mgpu.FragmentedArray(_registers=registers[p], _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+                 for p in only)
 
   return unpack(codes_ref, scale_ref, minimum_ref)
 
@@ -1577,15 +1580,16 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       metadata = per_token_group if by_token else per_token
       return values * (metadata(scale_ref, part) * jnp.float16(levels ** -part)) + metadata(minimum_ref, part)
 
-    def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
+    def dequantized_keys(kc_s, ks_s, km_s, only=None):  # `dequantize_keys`: code x scale + minimum, f16 [64, W]
+      only = tuple(range(parts)) if only is None else only  # a part each, of these parts
       if keys_by_thread:
-        return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums, bits)
+        return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums, bits, only=only)
       if fast:
         return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma,
-                               magic_exponents=magic, bits=bits, ldmatrix_metadata=ldmatrix_metadata,
+                               magic_exponents=magic, parts=only, bits=bits, ldmatrix_metadata=ldmatrix_metadata,
                                metadata_in_thread_order=metadata_in_thread_order)
       codes = plgpu.load(kc_s, layout=layout.WGMMA_UPCAST_2X)
-      return [plain_dequantized(codes, ks_s, km_s, part) for part in range(parts)]
+      return [plain_dequantized(codes, ks_s, km_s, part) for part in only]
 
     def transposed_values_of(vc_s, vs_s, vm_s):  # V^T in registers, rows as `value_row_channels` orders them
       if scaled_codes:
@@ -1659,8 +1663,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           plgpu.wgmma(s_acc, k_s, bq_s)
         elif keys_from_smem:  # the previous step's V wgmma may still run: nothing here defines its operands
           key_tiles = group_scratch[11].at[wg]
-          for part, keys in enumerate(dequantized_keys(kc_s, ks_s, kb_s)):
-            key_tiles[part] = keys
+          for part in range(parts):  # stored before the next is built: a part's registers live, not all four
+            key_tiles[part] = dequantized_keys(kc_s, ks_s, kb_s, only=(part,))[0]
           plgpu.commit_smem()  # the score wgmmas read the step's keys after the stores (and the last ones' reads)
           for part in range(parts):
             plgpu.wgmma(s_acc, key_tiles.at[part], query_part(part))

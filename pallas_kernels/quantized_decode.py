@@ -360,8 +360,8 @@ MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
 MOSAIC_PAIRED = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
     mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"].items()))
 # (s42) The default with INT2 windows' keys through shared memory (`mosaic_int2`'s `keys_from_smem`: the previous
-# step's V wgmma runs while a step's keys are unpacked; offline 128 registers, 24-40 bytes of spills, the hot loop 503
-# SASS against 464; untimed). INT4's and KIVI's pools keep the default's kernel (`pool_options`).
+# step's V wgmma runs while a step's keys are unpacked, a part stored before the next is built; offline 127 registers,
+# no spills, the hot loop 521 SASS against 464; untimed). INT4's and KIVI's pools keep the default's (`pool_options`).
 MOSAIC_SMEM_KEYS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
     mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_smem_keys"].items()))
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 39 (MOSAIC_WIDE in s38,
