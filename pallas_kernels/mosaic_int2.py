@@ -923,7 +923,7 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, onl
 
   width, parts = HEAD_DIM * bits // 8, 8 // bits  # a part's channels = a row's code bytes
   only = tuple(range(parts)) if only is None else tuple(only)
-  groups, words = width // 8, width // 16  # a thread's column groups (pairs of bytes) and words of a row
+  words = width // 16  # 32-bit words of a row's code bytes a thread loads
   shape, layout = (STEP, width), plgpu.Layout.WGMMA
   codes_type = _swizzled_codes(width)
   part_type = plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=layout)
