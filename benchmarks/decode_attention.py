@@ -493,7 +493,6 @@ VARIANTS = {
     "mosaic_four_splits": qd.MOSAIC_FOUR_SPLITS,  # s37's default: 4 splits at least (2 since s38, batch >= 45)
     "mosaic_paired": qd.MOSAIC_PAIRED,  # the default, two steps under one softmax (INT2 pools; s38; no faster, s39)
     "mosaic_wide": qd.MOSAIC_WIDE,  # s38's default: both wgmmas 16 columns wide (8 since s39)
-    "mosaic_smem_keys": qd.MOSAIC_SMEM_KEYS,  # the default, INT2 pools' keys through shared memory (s42)
     # s33: the large-batch configuration's merge as one program a (request, KV head) (the combine's grid before
     # its channel blocks), and as XLA's kernels
     "eight_combine_one_block": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, combine_channel_blocks=1),

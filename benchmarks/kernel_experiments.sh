@@ -51,23 +51,21 @@
 #                                                   # reordered cache and the Triton paged kernel; the 7B step at
 #                                                   # 32 x 100 and 60 x 5, fp16 and windowquant beside
 #   bash benchmarks/kernel_experiments.sh h200_s42  # (s42) h200_s39, then C's 7B step at 32 x 100 and 60 x 5
-#   bash benchmarks/kernel_experiments.sh smem_keys  # (s42) INT2 pools' keys through shared memory, against the default
-#   bash benchmarks/kernel_experiments.sh s42_h100  # (s42) C's four copies a window, smem keys; the 32 x 100 step
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
 # `bars` on an H100 in s32, when `default` was still the folded kernel and eight was named apart.
 # Since s32 eight is the default, so these parts set it against the folded kernel, named apart.)
 set -euo pipefail
+export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}  # the scripts run as files import `benchmarks.harness`
 out=${OUT:-benchmarks/results}
 tag=${TAG:-s42}  # results' names: mosaic_int2_<tag>_folded, ...
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 # A variant against the default: the INT2 kernel at batch 32 and 60 (its mosaic_int2 variants $1 beside the default's,
 # float64 checks first), issue 5's batch 60 x 32k (mix, int2) under quantized_decode's configuration $2, and the 7B
-# step at 32 x 100 under "pallas:$2" (windowquant, fp16 beside); results tagged ${tag}_$3; $4: the INT2 kernel's
-# variant it is set against (s32-s38's default, the folded eight-column kernel, unless given)
+# step at 32 x 100 under "pallas:$2" (windowquant, fp16 beside); results tagged ${tag}_$3
 against_default() {
-  bench --batches 32 60 --variants ${4:-wg4_large_batch_ftz_lean_folded_eight} $1 --tag mosaic_int2_${tag}_$3 \
+  bench --batches 32 60 --variants wg4_large_batch_ftz_lean_folded_eight $1 --tag mosaic_int2_${tag}_$3 \
     || echo "(stopped: $3, INT2 kernels)"
   timeout 130 python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
     --variants default,$2 --inner 1 --back-to-back 32 --gpu-time --out "$out" --tag ${tag}_b60_$3 \
@@ -227,7 +225,7 @@ case "${1:-}" in
       --back-to-back 32 --tag ${tag}_bars || echo "(stopped: h200_s38, bars)" ;;
   h200_s39)  # (s39) the bars' rows on an H200 in ~5 minutes of device time: issue 6's 32 x 100 (fp16, windowquant,
              # kivi2) and 60 x 5 (windowquant, kivi2, fp16), then issue 5's batch 60 and 8 x 32k (as `bars`)
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 220 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 250 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
       --attention pallas --methods fp16 windowquant kivi2 --out "$out" --budget-s 210 \
       --tag ${tag}_bars_steps || echo "(stopped: h200_s39, steps)"
     timeout 80 python benchmarks/decode_attention.py --tokens 32768 --plans mix --inner 1 --gpu-time --out "$out" \
@@ -287,25 +285,9 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 220 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
       --attention pallas --methods C --out "$out" --budget-s 190 --tag ${tag}_C_h200 \
       || echo "(stopped: h200_s42, C)" ;;
-  smem_keys)  # (s42) INT2 pools' keys through shared memory (`keys_from_smem`: the V wgmma of a step runs while
-              # the next step's keys are unpacked) against the default: kernels at batch 32 and 60, issue 5's
-              # batch 60 x 32k, the 7B step at 32 x 100
-    against_default wg4_large_batch_ftz_lean_folded_eight_narrow_both_smem_keys mosaic_smem_keys smem_keys \
-      wg4_large_batch_ftz_lean_folded_eight_narrow_both ;;
-  s42_h100)  # (s42, what an H100 gets) C's paged windows in four copies (one layer against the reordered cache),
-             # the INT2 kernel with keys through shared memory against the default, then the 7B step at 32 x 100
-    timeout 110 python benchmarks/interleaved_bench.py --batches 32 --tokens 19968 --plans int2 mix --out "$out" \
-      --tag ${tag}_b32 || echo "(stopped: s42_h100, C's layer)"
-    timeout 110 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
-      --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both \
-      wg4_large_batch_ftz_lean_folded_eight_narrow_both_smem_keys --tag mosaic_int2_${tag}_smem_keys \
-      || echo "(stopped: s42_h100, kernels)"
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 340 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_smem_keys --methods fp16 windowquant C --out "$out" --budget-s 300 \
-      --tag ${tag}_step || echo "(stopped: s42_h100, step)" ;;
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
-     echo "steps_s39 c_long c_short c_mosaic h200_s42 smem_keys s42_h100" >&2
+     echo "steps_s39 c_long c_short c_mosaic h200_s42" >&2
      exit 2 ;;
 esac

@@ -191,14 +191,6 @@ def range_bias(q: jax.Array, k_min: jax.Array, first, count, windows: int,
   return jnp.pad(bias, ((0, 0), (0, 2 * steps_per_block), (0, 0)), constant_values=_NEG), first - start
 
 
-def _row_bytes(ref) -> int:
-  """Bytes between rows of a [2, H] f16 ref of scales or minimums: 2H, or 4H where `paged`'s merged buffer
-  interleaves a window's scale and minimum rows."""
-  from jax._src.lib.mlir import ir
-  strides, _ = ir.MemRefType(ref.type).get_strides_and_offset()
-  return 2 * strides[0]
-
-
 def _metadata_by_ldmatrix(ref, window, i32):
   """A [2, H] f16 ref of scales or minimums (shared memory) -> 16 registers a thread: register c holds the
   pair of channels 8c + 2 (lane % 4) (and + 1) of row `window` (the thread's). Four `ldmatrix.x4`, each of four
@@ -211,7 +203,7 @@ def _metadata_by_ldmatrix(ref, window, i32):
   c = lambda v: arith.constant(i32, v)
   base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref))
   lane = arith.andi(mgpu.utils.thread_idx(), c(31))
-  row = arith.addi(base, arith.muli(window, c(_row_bytes(ref))))
+  row = arith.addi(base, arith.muli(window, c(2 * HEAD_DIM)))
   row = arith.addi(row, arith.muli(arith.shrui(lane, c(3)), c(16)))  # lanes 8m..8m+7 give matrix m's rows
   quad = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
   pairs = []
@@ -259,7 +251,7 @@ def _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits: int = 2):
   c = lambda v: arith.constant(i32, v)
   width = HEAD_DIM * bits // 8
   base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref))
-  address = arith.addi(arith.addi(base, arith.muli(window, c(_row_bytes(ref)))), c(2 * width * part))
+  address = arith.addi(arith.addi(base, arith.muli(window, c(2 * HEAD_DIM))), c(2 * width * part))
   address = arith.addi(address, arith.muli(lane_pair, c(width // 2)))
   quad = ir.Type.parse("!llvm.struct<(i32, i32, i32, i32)>")
   pairs = []
@@ -870,7 +862,7 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
         loaded = []
         for ref in (scales, minimums):
           address = arith.addi(llvm.ptrtoint(i32, mgpu.utils.memref_ptr(ref)),
-                               arith.addi(arith.muli(channel, c(2)), c(window * _row_bytes(ref))))
+                               arith.muli(arith.addi(channel, c(window * HEAD_DIM)), c(2)))
           loaded.append(mgpu.utils.bitcast(llvm.inline_asm(i32, [address], "ld.shared.b32 $0, [$1];", "=r,r",
                                                            has_side_effects=True), half2))
         scale, minimum = loaded
@@ -904,7 +896,7 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
-def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, only=None):
+def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
   """`permuted_keys`: a step's keys as the score wgmma's register operands (f16 [64, W] a part, W = H bits / 8:
   INT2's 4 parts of 32 channels, INT4's 2 of 64; WGMMA layout), column 8g + 2l + e of part p being channel W p +
   (W / 4) l + 2g + e (`key_order`; q^T's rows are permuted alike, so the scores are the same sums). A thread
@@ -914,21 +906,19 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, onl
   INT2 30 loads a thread and step fewer, INT4 38 (offline SASS, s30). Each register: a `prmt` of two bytes, then
   per part the magic exponents' LOP3, the subtraction and one f16x2 fma. `folded` (`folded_minimums`): the parts
   as magic + code (`_FoldedParts`), the minimum pairs folded (16 fmas a thread a step), no subtraction a register
-  (32). `only`: these parts alone (their metadata loaded, their registers built; `keys_from_smem` stores each
-  part before the next is built)."""
+  (32)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm
 
   width, parts = HEAD_DIM * bits // 8, 8 // bits  # a part's channels = a row's code bytes
-  only = tuple(range(parts)) if only is None else tuple(only)
-  words = width // 16  # 32-bit words of a row's code bytes a thread loads
+  groups, words = width // 8, width // 16  # a thread's column groups (pairs of bytes) and words of a row
   shape, layout = (STEP, width), plgpu.Layout.WGMMA
   codes_type = _swizzled_codes(width)
   part_type = plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=layout)
 
-  @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()), return_type=(part_type,) * len(only))
+  @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()), return_type=(part_type,) * parts)
   def unpack(ctx, codes, scales, minimums):
     del ctx
     i32, half2, c = _register_types()
@@ -949,16 +939,15 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, onl
                                has_side_effects=True)  # not moved above the TMA's barrier wait
       return [llvm.extractvalue(i32, loaded, [k]) for k in range(words)]
     rows = {0: code_bytes(row), 8: code_bytes(arith.addi(row, c(8)))}
-    metadata = [{part: [mgpu.utils.bitcast(x, half2)
-                        for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits)]
-                 for part in only} for ref in (scales, minimums)]  # part -> its `groups` pairs
+    metadata = [[mgpu.utils.bitcast(x, half2) for part in range(parts)
+                 for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits)]
+                for ref in (scales, minimums)]
     constants = [part_constants(p, True, bits) for p in range(parts)]
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
     if folded:
       folding = _FoldedParts(bits, i32, half2)
-      metadata[1] = {part: [folding.minimum(s, m, part) for s, m in zip(metadata[0][part], metadata[1][part])]
-                     for part in only}
-    registers = {part: np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object) for part in only}
+      metadata[1] = [folding.minimum(s, m, i // groups) for i, (s, m) in enumerate(zip(*metadata))]
+    registers = [np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object) for _ in range(parts)]
     for idx, row_offset, column in _register_offsets(shape):
       g = column // 8  # bytes 2g, 2g + 1 of the thread's: word g // 2, its bytes (2g % 4, + 1)
       first = 2 * g % 4
@@ -966,10 +955,10 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, onl
                                f"prmt.b32 $0, $1, 0, 0x{0x4040 | (first + 1) << 8 | first:x};", "=r,r")
       unpacked = folding.parts_of(spread) if folded else [
           _part_of(spread, constants[part], magic[part], i32, half2) for part in range(parts)]
-      for part in only:
-        registers[part][idx] = _fma_f16x2(unpacked[part], metadata[0][part][g], metadata[1][part][g], half2)
-    return tuple(mgpu.FragmentedArray(_registers=registers[p], _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
-                 for p in only)
+      for part in range(parts):
+        registers[part][idx] = _fma_f16x2(unpacked[part], metadata[0][groups * part + g],
+                                          metadata[1][groups * part + g], half2)
+    return tuple(mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None) for r in registers)
 
   return unpack(codes_ref, scale_ref, minimum_ref)
 
@@ -1131,7 +1120,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 folded_minimums: bool = False, eight_column_softmax: bool = False, values_by_ldmatrix: bool = False,
                 token_scaled_p: bool = False, paired_steps: bool = False, narrow_scores: bool = False,
                 narrow_values: bool = False, max_windows: int | None = None, range_params=None,
-                paged: bool = False, keys_from_smem: bool = False):
+                paged: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1263,12 +1252,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   heaps as rows of H/4 (INT2) or H/2 (INT4) bytes, the scales and minimums (and the key minimums in k_bias) views
   as rows of H f16: a record is a window's codes then a row of scales and a row of minimums. Each window of a
   block is fetched where its record lies, six copies a window (`paged_partials`).
-    `keys_from_smem` (four warpgroups, `dequantize_keys`, not `paired_steps`): the dequantized keys are stored, a part
-  a tile, to a warpgroup's own [parts, 64, W] buffer and the score wgmmas read A from there, so that no wgmma takes
-  a register operand that is being built; with `in_place_values` the previous step's V wgmma is then waited for
-  after this step's score wgmmas are issued, and runs while this step's keys are unpacked (s39's design note:
-  ptxas serializes a wgmma with any instruction defining a register operand of one in flight; untimed).
-"""
+  """
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -1316,9 +1300,6 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if paged and not (ranged and warpgroups > 1 and dequantize_keys and not (bias_in_kernel or values_per_token)):
     raise ValueError("paged: a range of windows through a page table, with warpgroups > 1 and dequantize_keys, not "
                      "bias_in_kernel or values_per_token")
-  if keys_from_smem and not (dequantize_keys and warpgroups > 1 and not (paired_steps or keys_in_smem)):
-    raise ValueError("keys_from_smem: the dequantized keys through a warpgroup's buffer, with dequantize_keys and "
-                     "warpgroups > 1, not paired_steps or keys_in_smem")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1580,16 +1561,15 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       metadata = per_token_group if by_token else per_token
       return values * (metadata(scale_ref, part) * jnp.float16(levels ** -part)) + metadata(minimum_ref, part)
 
-    def dequantized_keys(kc_s, ks_s, km_s, only=None):  # `dequantize_keys`: code x scale + minimum, f16 [64, W]
-      only = tuple(range(parts)) if only is None else only  # a part each, of these parts
+    def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
       if keys_by_thread:
-        return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums, bits, only=only)
+        return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums, bits)
       if fast:
         return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma,
-                               magic_exponents=magic, parts=only, bits=bits, ldmatrix_metadata=ldmatrix_metadata,
+                               magic_exponents=magic, bits=bits, ldmatrix_metadata=ldmatrix_metadata,
                                metadata_in_thread_order=metadata_in_thread_order)
       codes = plgpu.load(kc_s, layout=layout.WGMMA_UPCAST_2X)
-      return [plain_dequantized(codes, ks_s, km_s, part) for part in only]
+      return [plain_dequantized(codes, ks_s, km_s, part) for part in range(parts)]
 
     def transposed_values_of(vc_s, vs_s, vm_s):  # V^T in registers, rows as `value_row_channels` orders them
       if scaled_codes:
@@ -1643,8 +1623,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       slot = (i % slots if spb % slots == 0 else lax.rem(index, slots)) if defer else 0
       v_s = v_slots.at[slot]
       p_s = p_slots if token_scaled_p else p_slots.at[slot]  # `token_scaled_p`: a B a V^T tile
-      if in_place and not defer and not keys_from_smem:  # the previous V wgmma has read v_s and p_s before they
-        plgpu.wgmma_wait(0)  # are rewritten (`keys_from_smem`: at the score wgmmas' wait, below)
+      if in_place and not defer:  # the previous step's V wgmma has read v_s and p_s before they are rewritten
+        plgpu.wgmma_wait(0)
       if not dequantize_keys:  # q^T times the step's key scales
         if fast:
           bq_s[...] = _scaled_query(q, ks_s)
@@ -1661,13 +1641,6 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
             k_s[:, pl.ds(width * part, width)] = unpacked_keys(kc_s, (part,))[0]
           plgpu.commit_smem()
           plgpu.wgmma(s_acc, k_s, bq_s)
-        elif keys_from_smem:  # the previous step's V wgmma may still run: nothing here defines its operands
-          key_tiles = group_scratch[11].at[wg]
-          for part in range(parts):  # stored before the next is built: a part's registers live, not all four
-            key_tiles[part] = dequantized_keys(kc_s, ks_s, kb_s, only=(part,))[0]
-          plgpu.commit_smem()  # the score wgmmas read the step's keys after the stores (and the last ones' reads)
-          for part in range(parts):
-            plgpu.wgmma(s_acc, key_tiles.at[part], query_part(part))
         else:
           keys = dequantized_keys(kc_s, ks_s, kb_s) if dequantize_keys else unpacked_keys(kc_s)
           for part in range(parts):
@@ -1898,20 +1871,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           entry = start + jnp.minimum(first_window + 2 * spb * index + j, count - 1)  # past the count: masked
           unit = table[1 + entry // PAGE_TABLE, entry % PAGE_TABLE]  # the record's start, 16-bit units
           code_row = unit // (packed // 2)
-          meta_row = unit // HEAD_DIM + WINDOW * packed // (2 * HEAD_DIM)  # after the codes: scale, minimum
-          # four copies a window: its keys' and values' codes, and each one's scale and minimum rows (adjacent
-          # in the record) into one [2, H] slot of the merged metadata buffer (`paged_scratch`)
-          for source, buffer, row, n in ((kc_g, buffers[0], code_row, WINDOW), (ks_g, buffers[1], meta_row, None),
-                                         (vc_g, buffers[3], code_row, WINDOW), (vs_g, buffers[4], meta_row, None)):
-            target = buffer.at[slot, j] if n is None else buffer.at[slot, pl.ds(n * j, n)]
-            plgpu.copy_gmem_to_smem(source.at[pair, pl.ds(row, n or 2)], target, barriers.at[wg * stages + slot])
-
-      def slot_views(slot):  # the block's six buffers; `paged`: scales and minimums as views of the merged rows
-        if not paged:
-          return [b.at[slot] for b in buffers]
-        keys, values = buffers[1].at[slot], buffers[4].at[slot]
-        return [buffers[0].at[slot], keys.at[:, 0], keys.at[:, 1], buffers[3].at[slot], values.at[:, 0],
-                values.at[:, 1]]
+          meta_row = unit // HEAD_DIM + WINDOW * packed // (2 * HEAD_DIM)  # after the codes: scales, minimums
+          for source, buffer, row, n in zip(sources, buffers, (code_row, meta_row, meta_row + 1) * 2,
+                                            (WINDOW, 1, 1) * 2):
+            plgpu.copy_gmem_to_smem(source.at[pair, pl.ds(row, n)], buffer.at[slot, pl.ds(n * j, n)],
+                                    barriers.at[wg * stages + slot])
 
       for index in range(stages):
         pl.when(index < my_blocks)(functools.partial(fetch, index))
@@ -1919,7 +1883,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       def body(index, carry):
         slot = lax.rem(index, stages)
         plgpu.barrier_wait(barriers.at[wg * stages + slot])
-        carry = block((index,), *slot_views(slot), carry)
+        carry = block((index,), *(b.at[slot] for b in buffers), carry)
         # The block's reads of the slot precede its last commit_smem (a barrier of the warpgroup).
         if fetch_by_one_warp and interpret is None:  # the other warps branch around the copies' set-up
           plgpu.warp_map(lambda warp: pl.when((warp == 0) & (index + stages < my_blocks))(
@@ -1987,22 +1951,15 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if groups > 1:  # range, O^T and (m, l) staging, the pipeline's buffers and barriers, a set a warpgroup
     blocks_of = lambda shape, dtype, row_bytes=None: smem((groups, stages, *shape), dtype, row_bytes)
     codes_of = lambda: blocks_of((STEP * spb, packed), jnp.uint8, packed)
-
-    def metadata_buffers(values=False):  # scales, then minimums (or the keys' bias); `paged`: merged, one unused
-      if paged:  # a window's scale and minimum rows side by side, as its record holds them: one copy
-        return blocks_of((2 * spb, 2, HEAD_DIM), jnp.float16), blocks_of((1, 8), jnp.float16)
-      if values:
-        return (blocks_of((value_rows * spb, value_columns), jnp.float16),) * 2
-      second = blocks_of((2 * spb, HEAD_DIM), jnp.float16) if dequantize_keys else blocks_of((2 * spb, COLUMNS),
-                                                                                              jnp.float32)
-      return blocks_of((2 * spb, HEAD_DIM), jnp.float16), second
     scratch += [smem((groups, *range_params.shape), jnp.int32), smem((groups, HEAD_DIM, COLUMNS), jnp.float32),
                 smem((groups, 2, COLUMNS), jnp.float32),
-                codes_of(), *metadata_buffers(), codes_of(), *metadata_buffers(values=True),
-                plgpu.Barrier(num_arrivals=4 * 2 * spb if paged else 6, num_barriers=groups * stages),
+                codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
+                blocks_of((2 * spb, HEAD_DIM), jnp.float16) if dequantize_keys else blocks_of((2 * spb, COLUMNS),
+                                                                                               jnp.float32),
+                codes_of(), blocks_of((value_rows * spb, value_columns), jnp.float16),
+                blocks_of((value_rows * spb, value_columns), jnp.float16),
+                plgpu.Barrier(num_arrivals=6 * (2 * spb if paged else 1), num_barriers=groups * stages),
                 smem((groups, REDUCTION_SCRATCH if spb == 1 else REDUCTION_SCRATCH_BLOCK2), jnp.float32)]
-    if keys_from_smem:  # group_scratch[11]: a step's dequantized keys, a tile a part (16 KB a warpgroup)
-      scratch.append(smem((groups, parts, STEP, width), jnp.float16, query_row_bytes))  # wgmma: B's swizzle
     threads = dict(num_threads=groups, thread_name="wg")
   if values_scaled_after:  # ones for the column sums of P, one buffer a CTA (the last scratch)
     scratch.append(smem((STEP, HEAD_DIM), jnp.float16, 32))
@@ -2251,11 +2208,6 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                               permuted_keys=True, fetch_by_one_warp=True,
                                                               folded_minimums=True, eight_column_softmax=True,
                                                               narrow_scores=True, narrow_values=True),
-    # (s42) the default with the keys through shared memory (`keys_from_smem`): the previous step's V wgmma runs
-    # while this step's keys are unpacked (untimed)
-    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_smem_keys": dict(
-        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
-        eight_column_softmax=True, narrow_scores=True, narrow_values=True, keys_from_smem=True),
     # lean_folded_eight with five and six warpgroups a CTA (s39): more warps a scheduler to hide the step's chain
     # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills, main
     # loop 497 and 539 SASS against 459). Slower on an H100, batch 32 x 19,200: 124.7 and 160.2 µs against 105.7

@@ -359,11 +359,6 @@ MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
 # the vote's rare branch; `results/decode_attention_notes.md`, "Session 39").
 MOSAIC_PAIRED = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
     mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"].items()))
-# (s42) The default with INT2 windows' keys through shared memory (`mosaic_int2`'s `keys_from_smem`: the previous
-# step's V wgmma runs while a step's keys are unpacked, a part stored before the next is built; offline 127 registers,
-# no spills, the hot loop 521 SASS against 464; untimed). INT4's and KIVI's pools keep the default's (`pool_options`).
-MOSAIC_SMEM_KEYS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
-    mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_smem_keys"].items()))
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 39 (MOSAIC_WIDE in s38,
 # MOSAIC_FOUR_SPLITS in s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before
 # it MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
@@ -965,7 +960,6 @@ def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool 
   if kivi or bits != 2:  # the 8-wide wgmmas are INT2 windows' (timed there; KIVI's V^T is not in registers)
     options.pop("narrow_scores", None)
     options.pop("narrow_values", None)
-    options.pop("keys_from_smem", None)  # INT2 windows' too: INT4's spill 72 bytes with it (offline, s42)
   if kivi:  # KIVI's values go through shared memory, or (`token_scaled_p`) scale P
     options["folded_minimums"] = False
     options.pop("values_by_ldmatrix", None)

@@ -153,19 +153,6 @@ def test_paged_reading_is_refused_where_it_cannot_go():
     mi.paged_partials(q, k_heap, v_heap, table, first, count, bits=2, splits=4, warpgroups=1)
 
 
-@pytest.mark.parametrize("layout,row_bytes", [
-    ("memref<2x128xf16>", 256),  # a pool's [2, H] rows of scales
-    ("memref<2x128xf16, strided<[256, 1], offset: ?>>", 512)])  # `paged`'s view of a merged slot, every other row
-def test_metadata_readers_step_by_the_refs_row_stride(layout, row_bytes):
-  """The readers that address scales and minimums by pointer (on the GPU only; the interpret mode indexes) take a
-  window's row from the ref's own stride: `paged` reads a window's scale and minimum as strided views of one
-  merged [2, 2, H] slot."""
-  import types
-  from jax._src.lib.mlir import ir
-  with ir.Context(), ir.Location.unknown():
-    assert mi._row_bytes(types.SimpleNamespace(type=ir.MemRefType.parse(layout))) == row_bytes
-
-
 def c_layer(seed, batch, kv_heads, groups, plan, capacity=8):
   """A layer of ablation C's cache as `interleaved_decode` reads it (`wq_jax.interleaved.InterleavedLayer`'s
   fields; f16 values and scales, its rest segment partly filled), q pre-scaled, and float64 keys and values of
@@ -288,27 +275,6 @@ def test_paired_steps_share_one_softmax(interpret, bits, warpgroups, splits, fir
     np.testing.assert_allclose(out, mi.reference(q, kc, ks, km, vc, vs, vm), atol=2e-3, rtol=0)
     return
   assert_range_matches((q, kc, ks, km, vc, vs, vm), first, count, windows, splits, interpret, options)
-
-
-@pytest.mark.parametrize("bits,splits,first,count,windows,narrow", [
-    (2, 4, None, None, None, True), (2, 2, 3, 25, 32, True), (4, 4, 5, 7, 12, False), (2, 2, 3, 25, 32, False)])
-def test_keys_from_shared_memory(interpret, bits, splits, first, count, windows, narrow):
-  """`keys_from_smem`: the dequantized keys stored to a warpgroup's buffer a part a tile, the score wgmmas reading
-  them there (INT2 and INT4, narrow or 16-wide wgmmas, the whole pool and a range), against float64."""
-  case = random_case(19, 4, 32 * mi.WINDOW, 7, bits)
-  options = dict(warpgroups=4, overlap_values=False, dequantize_keys=True, lagged_max=True,
-                 eight_column_softmax=True, keys_from_smem=True, narrow_scores=narrow)
-  if first is None:
-    out = np.asarray(mi.attend(*case, splits=splits, interpret=interpret, options=tuple(options.items())))
-    np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
-    return
-  assert_range_matches(case, first, count, windows, splits, interpret, options)
-
-
-def test_keys_from_shared_memory_are_refused_where_they_cannot_go():
-  with pytest.raises(ValueError, match="keys_from_smem"):
-    mi.attend(*random_case(16, 4, 8 * mi.WINDOW, 7), splits=4,
-              options=(("warpgroups", 4), ("keys_from_smem", True)))
 
 
 @pytest.mark.parametrize("bits,warpgroups,splits,first,count,windows,narrow_values", [
@@ -475,12 +441,7 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"], paged=True,
                                           splits=4),
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"], paged=True, bits=4,
-                                          permuted_keys=False, splits=2),
-                                     # s42: the keys through shared memory (INT2 as the default, ranged; INT4)
-                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_smem_keys"],
-                                          ranged=True),
-                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight"], keys_from_smem=True,
-                                          ranged=True, bits=4, permuted_keys=False)])
+                                          permuted_keys=False, splits=2)])
 def test_lowers_for_cuda(options):
   """Layouts, the inline PTX and the pipeline lower for CUDA (on any machine); with `grid_dependency_wait`
   the kernel asks to be launched under PDL."""

@@ -220,10 +220,6 @@ def test_pool_options_keep_permuted_keys_to_int2():
   for bits, kivi in ((4, False), (2, True), (4, True)):
     options = qd.pool_options(narrow, bits, kivi=kivi)
     assert "narrow_scores" not in options and "narrow_values" not in options
-  smem_keys = dict(qd.MOSAIC_SMEM_KEYS.mosaic_options)  # keys through shared memory (s42): INT2 windows' pools only
-  assert qd.pool_options(smem_keys, 2, kivi=False)["keys_from_smem"]
-  assert not any("keys_from_smem" in qd.pool_options(smem_keys, bits, kivi=kivi)
-                 for bits, kivi in ((4, False), (2, True), (4, True)))
 
 
 def test_registered_as_pallas_on_a_bf16_cache():
