@@ -493,6 +493,13 @@ VARIANTS = {
     "mosaic_four_splits": qd.MOSAIC_FOUR_SPLITS,  # s37's default: 4 splits at least (2 since s38, batch >= 45)
     "mosaic_paired": qd.MOSAIC_PAIRED,  # the default, two steps under one softmax (INT2 pools; s38; no faster, s39)
     "mosaic_wide": qd.MOSAIC_WIDE,  # s38's default: both wgmmas 16 columns wide (8 since s39)
+    # s43, batch 8 x 32k: the large-batch default's Mosaic launches at 32 pairs (four warpgroups a CTA fill an SM's
+    # registers, so the Triton launch's 16-bit programs cannot share it), and with CTAs of two warpgroups sized for
+    # one a multiprocessor (116 registers offline), leaving half of each SM to the 16-bit launch beside it (and
+    # that launch's grid sized for two programs an SM, not three)
+    "mosaic_default": qd.MOSAIC_DEFAULT,
+    "mosaic_wg2": qd.MOSAIC_TWO_WARPGROUPS,
+    "mosaic_wg2_p2": dataclasses.replace(qd.MOSAIC_TWO_WARPGROUPS, programs_per_multiprocessor=2),
     # s33: the large-batch configuration's merge as one program a (request, KV head) (the combine's grid before
     # its channel blocks), and as XLA's kernels
     "eight_combine_one_block": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, combine_channel_blocks=1),

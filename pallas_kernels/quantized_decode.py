@@ -353,6 +353,12 @@ MOSAIC_FOUR_SPLITS = dataclasses.replace(MOSAIC_WIDE, mosaic_min_splits=4)  # s3
 # ("pallas:mosaic_wide") is s38's default.
 MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
     mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"].items()))
+# (s43) The default's Mosaic launches with CTAs of two warpgroups, the splits sized for one such CTA a multiprocessor
+# (116 registers a thread offline): at batch 8 x 32k (32 pairs) four warpgroups a CTA take all of an SM's registers,
+# so the Triton launch's memory-bound 16-bit programs cannot run beside the instruction-bound INT2 ones; these CTAs
+# leave half of each SM to them (`decode_attention.py`'s `mosaic_wg2`; untimed).
+MOSAIC_TWO_WARPGROUPS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_programs_per_multiprocessor=2, mosaic_options=tuple(
+    dict(MOSAIC_DEFAULT.mosaic_options, warpgroups=2).items()))
 # (s38) The default with a block of two steps under one softmax for INT2 pools (`mosaic_int2`'s `paired_steps`: one
 # vote, barrier and branch a 128 keys); INT4's and KIVI's pools keep a softmax a step. No faster on an H100 (s39:
 # the 7B step at 32 x 100 8.884 ms against 8.848; ncu: 2 % more instructions executed, the offline count's cut being

@@ -836,7 +836,7 @@ def test_bad_shapes_are_refused():
 # magic exponents, ldmatrix, registers for V^T) are held to their lowering for CUDA instead.
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
                                      "int2_int4", "merged", "values_after", "ftz", "ftz_block2", "vregs_int4",
-                                     "lean_eight", "two_splits", "paired", "narrow", "wide"])
+                                     "lean_eight", "two_splits", "paired", "narrow", "wide", "two_warpgroups"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -874,7 +874,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 # one SM of 4 programs: its 4 pairs take 2 splits, two pairs a CTA
                 two_splits=dataclasses.replace(qd.MOSAIC_DEFAULT, multiprocessors=1),
                 paired=qd.MOSAIC_PAIRED,  # INT2's blocks of two steps, INT4's a step
-                narrow=qd.MOSAIC_DEFAULT, wide=qd.MOSAIC_WIDE)[variant]  # INT2's wgmmas 8 wide (s39), 16
+                narrow=qd.MOSAIC_DEFAULT, wide=qd.MOSAIC_WIDE,  # INT2's wgmmas 8 wide (s39), 16
+                two_warpgroups=qd.MOSAIC_TWO_WARPGROUPS)[variant]  # CTAs of two warpgroups (s43)
   if variant == "two_splits":
     assert qd.mosaic_splits(b * kh, 3, config) == 2
   pool_tokens = tuple(w * window for w in slice_windows)
