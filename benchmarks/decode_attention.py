@@ -500,6 +500,7 @@ VARIANTS = {
     "mosaic_default": qd.MOSAIC_DEFAULT,
     "mosaic_wg2": qd.MOSAIC_TWO_WARPGROUPS,
     "mosaic_wg2_p2": dataclasses.replace(qd.MOSAIC_TWO_WARPGROUPS, programs_per_multiprocessor=2),
+    "mosaic_wg2_int2": dataclasses.replace(qd.MOSAIC_TWO_WARPGROUPS, int4_mosaic=False),  # INT4 stays with Triton
     # s33: the large-batch configuration's merge as one program a (request, KV head) (the combine's grid before
     # its channel blocks), and as XLA's kernels
     "eight_combine_one_block": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, combine_channel_blocks=1),
