@@ -290,7 +290,8 @@ case "${1:-}" in
            # and those with CTAs of two warpgroups (half an SM's registers, so the 16-bit programs can run beside)
     timeout 300 python benchmarks/decode_attention.py --gpu-time --out "$out" --no-sweep \
       --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --inner 1 --back-to-back 64 \
-      --variant-shape 8,32768 --variant-plans mix --variants default,mosaic_default,mosaic_wg2,mosaic_wg2_p2,mosaic_wg2_int2 \
+      --variant-shape 8,32768 --variant-plans mix \
+      --variants default,mosaic_default,mosaic_wg2,mosaic_wg2_p2,mosaic_wg2_int2 \
       --tag ${tag}_b8_wg2 || echo "(stopped: b8_s43)" ;;
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
