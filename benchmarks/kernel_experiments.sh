@@ -52,6 +52,7 @@
 #                                                   # 32 x 100 and 60 x 5, fp16 and windowquant beside
 #   bash benchmarks/kernel_experiments.sh h200_s42  # (s42) h200_s39, then C's 7B step at 32 x 100 and 60 x 5
 #   bash benchmarks/kernel_experiments.sh b8_s43    # (s43) batch 8 x 32k with the Mosaic launches' CTAs of 2 warpgroups
+#   bash benchmarks/kernel_experiments.sh b8_default  # (s43) the new default at batch 8 x 32k / 16k against Triton's
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -293,9 +294,17 @@ case "${1:-}" in
       --variant-shape 8,32768 --variant-plans mix \
       --variants default,mosaic_default,mosaic_wg2,mosaic_wg2_p2,mosaic_wg2_int2 \
       --tag ${tag}_b8_wg2 || echo "(stopped: b8_s43)" ;;
+  b8_default)  # (s43) the default since s43 (the large-batch Mosaic launches at 32 pairs on long pools) against the
+               # Triton kernel for every pool, at batch 8 x 32k and 8 x 16k
+    for shape in 8,32768 8,16384; do
+      timeout 120 python benchmarks/decode_attention.py --gpu-time --out "$out" --no-sweep \
+        --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --inner 1 --back-to-back 64 \
+        --variant-shape $shape --variant-plans mix,int2 --variants default,triton_only \
+        --tag ${tag}_default_${shape/,/x} || echo "(stopped: b8_default $shape)"
+    done ;;
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
-     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43" >&2
+     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default" >&2
      exit 2 ;;
 esac

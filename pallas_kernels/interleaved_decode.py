@@ -200,9 +200,11 @@ def unreadable(layer, head_dim: int, interpret: bool) -> str | None:
 def mosaic_formats(layer, pairs: int, groups: int, head_dim: int, interpret: bool) -> tuple[int, ...]:
   """The quantized formats whose windows go through the Mosaic GPU kernel (`mosaic_int2.paged_partials`), as the
   reordered cache's pools of those widths do (`quantized_decode.for_launch`): launches of
-  `DecodeConfig.mosaic_min_pairs` (request, KV head) pairs or more, layers of `mosaic_min_pool_tokens` window
-  tokens or more, windows of 32, head dim 128, at most 8 query heads a KV head, f16 scales, a page table a
-  warpgroup can hold; not in interpret mode, where the Triton kernel reads every format."""
+  `DecodeConfig.mosaic_min_pairs` (request, KV head) pairs or more and layers of `mosaic_min_pool_tokens` window
+  tokens or more, or (since s43) `mosaic_min_pairs_long` pairs and `mosaic_long_pool_tokens` (counted over the
+  layer's windows of every format: C's plan is data; untimed below 128 pairs), windows of 32, head dim 128, at
+  most 8 query heads a KV head, f16 scales, a page table a warpgroup can hold; not in interpret mode, where the
+  Triton kernel reads every format."""
   default = qd.DecodeConfig()
   windows = layer.plan.shape[0]
   if qd.for_launch(default, pairs, windows * layer.window_size, interpret=interpret) is default:  # not large

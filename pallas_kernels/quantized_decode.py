@@ -189,6 +189,14 @@ class DecodeConfig:
   # (`decode_throughput_*_s33_small_h100.md`, one run).
   mosaic_min_pairs: int | None = 128
   mosaic_min_pool_tokens: int = 1 << 9
+  # ... and, since session 43, at fewer pairs (down to `mosaic_min_pairs_long`) where a pool it serves holds
+  # `mosaic_long_pool_tokens` or more a layer. One layer, mixed plan, H100, µs by the clock, Triton default against
+  # the large-batch launches (`decode_attention_s43_b8_mosaic_*_h100.md`, one run each): batch 8 x 32k 121.9
+  # against 106.5 (INT2 pool 16k tokens), 8 x 16k 83.9 against 70.0 (8k), 16 x 32k 243.5 against 173.1; the Triton
+  # launches keep 8 x 8k (61.5 against 77.9; 4k), 4 x 32k (16 pairs: 80.5 against 82.1) and 2 x 128k (8 pairs:
+  # 126.9 against 123.0 by the clock, 115.0 against 123.8 by GPU span). s23's tie at batch 8 was an older kernel.
+  mosaic_min_pairs_long: int | None = 32
+  mosaic_long_pool_tokens: int = 1 << 13
   mosaic_min_splits: int = 8  # `mosaic_splits` starts its search here, or at one wave of programs if more
 
 
@@ -926,12 +934,15 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
 def for_launch(config: DecodeConfig, pairs: int, pool_tokens: int, *, interpret: bool) -> DecodeConfig:
   """`config`, or, where a pool the large-batch kernel serves would be large enough for it to win
   (`mosaic_min_pairs` pairs, `pool_tokens` >= `mosaic_min_pool_tokens` tokens a layer in the largest such
-  pool, not in interpret mode), `LARGE_BATCH_MOSAIC`'s configuration (the caller sends it only the pools of
-  that many tokens; `mosaic_serves` still decides whether the kernel can take a pool)."""
-  if (config.int2_mosaic or config.mosaic_min_pairs is None or interpret or pairs < config.mosaic_min_pairs
-          or pool_tokens < config.mosaic_min_pool_tokens):
+  pool; or `mosaic_min_pairs_long` pairs and `mosaic_long_pool_tokens`; not in interpret mode),
+  `LARGE_BATCH_MOSAIC`'s configuration (the caller sends it only the pools of `mosaic_min_pool_tokens` or more;
+  `mosaic_serves` still decides whether the kernel can take a pool)."""
+  if config.int2_mosaic or config.mosaic_min_pairs is None or interpret:
     return config
-  return large_batch(config)
+  many = pairs >= config.mosaic_min_pairs and pool_tokens >= config.mosaic_min_pool_tokens
+  long = (config.mosaic_min_pairs_long is not None and pairs >= config.mosaic_min_pairs_long
+          and pool_tokens >= config.mosaic_long_pool_tokens)
+  return large_batch(config) if many or long else config
 
 
 def large_batch(config: DecodeConfig) -> DecodeConfig:

@@ -152,8 +152,8 @@ def test_mosaic_split_count_weighs_waves(batch, steps):
 def test_large_launches_take_the_mosaic_kernel():
   """The default tiling puts the INT2, INT4 and KIVI pools through the Mosaic kernel (`MOSAIC_DEFAULT`'s: s32's
   `MOSAIC_LEAN_EIGHT` with KIVI's INT2 values from registers since s37) only where it won on the H200: many
-  (request, KV head) pairs and a long pool, not in interpret mode; an explicit configuration is left as it is, and
-  TRITON_ONLY never switches."""
+  (request, KV head) pairs and a pool of 512 tokens or more, or 32 pairs and a pool of 8k, not in interpret mode; an
+  explicit configuration is left as it is, and TRITON_ONLY never switches."""
   default = qd.DecodeConfig()
   big = qd.for_launch(default, 128, 1 << 15, interpret=False)
   assert big.int2_mosaic and big.mosaic_min_pairs is None
@@ -176,8 +176,11 @@ def test_large_launches_take_the_mosaic_kernel():
   assert dataclasses.replace(big, int2_mosaic=False, mosaic_min_pairs=128,
                              **{k: getattr(default, k) for k in qd.LARGE_BATCH_MOSAIC}) == default
   short = default.mosaic_min_pool_tokens - 32
-  for pairs, tokens, interpret in ((127, 1 << 15, False), (128, short, False), (128, 1 << 15, True)):
+  # below 128 pairs (since s43) only long pools: batch 8 x 16k's 8k-token INT2 pool, not 8 x 8k's 4k, nor 16 pairs
+  for pairs, tokens, interpret in ((127, 1 << 12, False), (128, short, False), (128, 1 << 15, True),
+                                   (31, 1 << 15, False), (32, (1 << 13) - 32, False), (32, 1 << 15, True)):
     assert qd.for_launch(default, pairs, tokens, interpret=interpret) is default
+  assert qd.for_launch(default, 32, 1 << 13, interpret=False) == big
   assert qd.for_launch(qd.TRITON_ONLY, 1024, 1 << 17, interpret=False) is qd.TRITON_ONLY
   assert qd.for_launch(qd.MOSAIC_LAGGED_MAX, 1024, 1 << 17, interpret=False) is qd.MOSAIC_LAGGED_MAX
   assert default.int4_launch.mosaic_min_pairs is None  # the INT4 launch's own tiling never switches
