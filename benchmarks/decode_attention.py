@@ -498,7 +498,8 @@ VARIANTS = {
     # one a multiprocessor (116 registers offline), leaving half of each SM to the 16-bit launch beside it (and
     # that launch's grid sized for two programs an SM, not three)
     "mosaic_default": qd.MOSAIC_DEFAULT,
-    "triton_only": qd.TRITON_ONLY,  # "pallas:triton": the Triton kernel for every pool (the default at 32 pairs until s43)
+    "triton_only": qd.TRITON_ONLY,  # "pallas:triton": the Triton kernel for every pool (the default at 32 pairs
+                                    # until s43)
     "mosaic_wg2": qd.MOSAIC_TWO_WARPGROUPS,
     "mosaic_wg2_p2": dataclasses.replace(qd.MOSAIC_TWO_WARPGROUPS, programs_per_multiprocessor=2),
     "mosaic_wg2_int2": dataclasses.replace(qd.MOSAIC_TWO_WARPGROUPS, int4_mosaic=False),  # INT4 stays with Triton
