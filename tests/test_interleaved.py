@@ -157,7 +157,7 @@ def test_mosaic_views_find_each_record(bits):
 
 def test_mosaic_formats_follow_the_pools_rule(monkeypatch):
   """C's INT4 and INT2 windows go to the Mosaic kernel where the reordered pools of those widths would (>= 128
-  request x KV-head pairs, layers of >= 512 window tokens, window 32, H 128, G <= 8, f16 scales, a page table a
+  request x KV-head pairs and layers of >= 512 window tokens, or >= 32 pairs and 8k tokens; window 32, H 128, G <= 8, f16 scales, a page table a
   warpgroup holds), never in interpret mode."""
   import types
 
@@ -170,7 +170,9 @@ def test_mosaic_formats_follow_the_pools_rule(monkeypatch):
   formats = lambda l=None, pairs=128, groups=7, h=128, interpret=False: paged.mosaic_formats(
       l or layer(), pairs, groups, h, interpret)
   assert formats() == qd.LARGE_BATCH_BITS
-  assert formats(pairs=127) == formats(interpret=True) == formats(groups=9) == formats(h=64) == ()
+  assert formats(pairs=32) == qd.LARGE_BATCH_BITS  # since s43: 32 pairs and more where a layer holds 8k tokens
+  assert formats(layer(windows=255), pairs=127) == formats(pairs=31) == ()
+  assert formats(interpret=True) == formats(groups=9) == formats(h=64) == ()
   assert formats(layer(windows=15)) == formats(layer(window=16)) == formats(layer(meta="bfloat16")) == ()
   assert formats(layer(windows=mi.MAX_PAGES + 1)) == ()
   monkeypatch.setattr(mi, "available", lambda: False)
