@@ -157,8 +157,8 @@ def test_mosaic_views_find_each_record(bits):
 
 def test_mosaic_formats_follow_the_pools_rule(monkeypatch):
   """C's INT4 and INT2 windows go to the Mosaic kernel where the reordered pools of those widths would (>= 128
-  request x KV-head pairs and layers of >= 512 window tokens, or >= 32 pairs and 8k tokens; window 32, H 128, G <= 8, f16 scales, a page table a
-  warpgroup holds), never in interpret mode."""
+  request x KV-head pairs and layers of >= 512 window tokens, or >= 32 pairs and 8k tokens; window 32, H 128,
+  G <= 8, f16 scales, a page table a warpgroup holds), never in interpret mode."""
   import types
 
   from pallas_kernels import interleaved_decode as paged
