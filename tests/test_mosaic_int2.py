@@ -944,12 +944,13 @@ def test_kivi_pools_through_quantized_decode(interpret):
 
 
 @pytest.mark.parametrize("batch,windows,int4_windows,launches,mosaic", [
-    (32, 1024, 8, 2, True), (31, 1024, 128, 2, False), (32, 15, 8, 1, False), (32, 15, 384, 2, True),
-    (32, 1024, 384, 3, True)])
+    (32, 1024, 8, 2, True), (31, 255, 128, 2, False), (32, 15, 8, 1, False), (32, 15, 384, 2, True),
+    (32, 1024, 384, 3, True), (8, 1024, 8, 2, True), (8, 255, 8, 1, False)])
 def test_the_default_tiling_takes_the_kernel_at_large_batches(batch, windows, int4_windows, launches, mosaic):
   """Traced for a GPU (not interpret mode), the default tiling's partials come from the Triton launches (the
   INT4 pool's apart where it holds 2^18 tokens or more) and a Mosaic one for each INT2 or INT4 pool of 512 tokens
-  a layer or more where there are 128 (request, KV head) pairs, else from the Triton launches alone;
+  a layer or more where there are 128 (request, KV head) pairs, or (since s43) 32 pairs and a pool of 8k tokens,
+  else from the Triton launches alone;
   "pallas:triton"'s tiling never takes the Mosaic kernel. Where it takes it, the sets are merged in one Pallas
   launch (`LARGE_BATCH_MOSAIC`'s fused combine), else by XLA."""
   import jax
