@@ -496,7 +496,8 @@ VARIANTS = {
     # s43, batch 8 x 32k: the large-batch default's Mosaic launches at 32 pairs (four warpgroups a CTA fill an SM's
     # registers, so the Triton launch's 16-bit programs cannot share it), and with CTAs of two warpgroups sized for
     # one a multiprocessor (116 registers offline), leaving half of each SM to the 16-bit launch beside it (and
-    # that launch's grid sized for two programs an SM, not three)
+    # that launch's grid sized for two programs an SM, not three). H100: two warpgroups no faster than four
+    # (`results/decode_attention_s43_b8_wg2_h100.md`)
     "mosaic_default": qd.MOSAIC_DEFAULT,
     "triton_only": qd.TRITON_ONLY,  # "pallas:triton": the Triton kernel for every pool (the default at 32 pairs
                                     # until s43)

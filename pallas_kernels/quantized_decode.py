@@ -364,7 +364,8 @@ MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
 # (s43) The default's Mosaic launches with CTAs of two warpgroups, the splits sized for one such CTA a multiprocessor
 # (116 registers a thread offline): at batch 8 x 32k (32 pairs) four warpgroups a CTA take all of an SM's registers,
 # so the Triton launch's memory-bound 16-bit programs cannot run beside the instruction-bound INT2 ones; these CTAs
-# leave half of each SM to them (`decode_attention.py`'s `mosaic_wg2`; untimed).
+# leave half of each SM to them (`decode_attention.py`'s `mosaic_wg2`). Slower on an H100 (s43, one layer at batch
+# 8 x 32k, mix: 115.0 µs against four warpgroups' 105.9, `decode_attention_s43_b8_wg2_h100.md`): not a default.
 MOSAIC_TWO_WARPGROUPS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_programs_per_multiprocessor=2, mosaic_options=tuple(
     dict(MOSAIC_DEFAULT.mosaic_options, warpgroups=2).items()))
 # (s38) The default with a block of two steps under one softmax for INT2 pools (`mosaic_int2`'s `paired_steps`: one

@@ -1,9 +1,9 @@
 """Registers the Pallas kernels as implementations of `wq_jax.attention.decode_attention`.
 
     "pallas"              quantized_decode.py: split-K flash decoding, Pallas Triton lowering; at large
-                          batches, or batches of 8 and more on long videos (JAX >= 0.11, GPU), its INT2, INT4 and
-                          KIVI pools through mosaic_int2.py's Mosaic GPU kernel (`DecodeConfig.mosaic_min_pairs`,
-                          `mosaic_min_pairs_long`, MOSAIC_DEFAULT)
+                          batches, or 32 (request, KV head) pairs and more on long videos (JAX >= 0.11, GPU), its
+                          INT2, INT4 and KIVI pools through mosaic_int2.py's Mosaic GPU kernel
+                          (`DecodeConfig.mosaic_min_pairs`, `mosaic_min_pairs_long`, MOSAIC_DEFAULT)
     "pallas:triton"       the Triton kernel for every pool at every batch
     "pallas:mosaic_int2"  the same, with the INT2 pool through mosaic_int2.py's Mosaic GPU kernel
                           (JAX >= 0.11 only; pools it does not serve go through the Triton kernel)

@@ -151,9 +151,9 @@ def test_mosaic_split_count_weighs_waves(batch, steps):
 
 def test_large_launches_take_the_mosaic_kernel():
   """The default tiling puts the INT2, INT4 and KIVI pools through the Mosaic kernel (`MOSAIC_DEFAULT`'s: s32's
-  `MOSAIC_LEAN_EIGHT` with KIVI's INT2 values from registers since s37) only where it won on the H200: many
-  (request, KV head) pairs and a pool of 512 tokens or more, or 32 pairs and a pool of 8k, not in interpret mode; an
-  explicit configuration is left as it is, and TRITON_ONLY never switches."""
+  `MOSAIC_LEAN_EIGHT` with KIVI's INT2 values from registers since s37) only where it won (on an H200; below 128
+  pairs on an H100, s43): many (request, KV head) pairs and a pool of 512 tokens or more, or 32 pairs and a pool of
+  8k, not in interpret mode; an explicit configuration is left as it is, and TRITON_ONLY never switches."""
   default = qd.DecodeConfig()
   big = qd.for_launch(default, 128, 1 << 15, interpret=False)
   assert big.int2_mosaic and big.mosaic_min_pairs is None
