@@ -53,6 +53,7 @@
 #   bash benchmarks/kernel_experiments.sh h200_s42  # (s42) h200_s39, then C's 7B step at 32 x 100 and 60 x 5
 #   bash benchmarks/kernel_experiments.sh b8_s43    # (s43) batch 8 x 32k with the Mosaic launches' CTAs of 2 warpgroups
 #   bash benchmarks/kernel_experiments.sh b8_default  # (s43) the new default at batch 8 x 32k / 16k against Triton's
+#   bash benchmarks/kernel_experiments.sh cublas    # (s44) the 7B step at 60 x 5 and 32 x 100 with cuBLAS' products
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -302,9 +303,16 @@ case "${1:-}" in
         --variant-shape $shape --variant-plans mix,int2 --variants default,triton_only \
         --tag ${tag}_default_${shape/,/x} || echo "(stopped: b8_default $shape)"
     done ;;
+  cublas)  # (s44, untimed) the 7B step with cuBLAS' weight products, XLA's Triton ones beside in the same run: at
+           # M = 32-60 XLA splits K and its f32 partials are read back by the next fusions (~1 ms of small kernels a
+           # step at 60 x 5 on an H200), where cuBLAS' LM head streams its weights at 4.07 TB/s (s44's profiles)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 470 python -m benchmarks.decode_throughput --settings 60x5 32x100 \
+      --attention pallas --methods fp16 windowquant kivi2 --out "$out" --budget-s 370 --tag ${tag}_cublas \
+      --xla-options 'cublas={"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT", "xla_gpu_enable_triton_gemm": false}' \
+      || echo "(stopped: cublas)" ;;
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
-     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default" >&2
+     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas" >&2
      exit 2 ;;
 esac
