@@ -345,14 +345,15 @@ def test_combine_sets_matches_combine_splits_of_the_concatenation():
   pad = ((0, 0),) * 3 + ((0, 8),)
   padded = (jnp.pad(sets[1][0], pad + ((0, 0),)), jnp.pad(sets[1][1], pad, constant_values=qd._NEG),
             jnp.pad(sets[1][2], pad))
-  want = qd.combine_splits(*(jnp.concatenate(x, axis=2) for x in zip(sets[0], padded)))[:, :, :group]
-  got = qd.combine_sets(sets, group)
+  want = jax.jit(qd.combine_splits)(*(jnp.concatenate(x, axis=2) for x in zip(sets[0], padded)))[:, :, :group]
+  combine_sets = jax.jit(qd.combine_sets, static_argnums=1)  # one compile, not an op at a time (CI time)
+  got = combine_sets(sets, group)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
   # the second set heads last, as the Mosaic launch writes it: 6 parts = 3 splits x 2 window parities
   o = sets[1][0]
   heads_last = o.reshape(b, kh, 3, 2, 8, h).transpose(0, 1, 2, 5, 3, 4)  # [B, K, 3, H, 2, 8]
   np.testing.assert_array_equal(np.asarray(qd._rows_first(heads_last)), np.asarray(o))
-  got = qd.combine_sets([sets[0], (heads_last, *sets[1][1:])], group)
+  got = combine_sets([sets[0], (heads_last, *sets[1][1:])], group)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
@@ -381,7 +382,7 @@ def test_combine_kernel_with_heads_last_set_matches_combine_sets(triton_parts, m
   o2, m2, l2 = _heads_last_set(keys, b, kh, mosaic_splits, h)
   o2, m2, l2 = o2.at[1].set(0.0), m2.at[1].set(qd._NEG), l2.at[1].set(0.0)  # request 1: no Mosaic window
   sets = [_row_set(keys, b, kh, triton_parts, 16, h), (o2, m2, l2)]
-  want = qd.combine_sets(sets, group)
+  want = jax.jit(qd.combine_sets, static_argnums=1)(sets, group)
   got = jax.jit(lambda *s: qd.combine_kernel(s, group, channel_blocks=blocks, interpret=True))(*sets)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
@@ -393,8 +394,8 @@ def test_combine_kernel_takes_several_sets_of_each_kind():
   keys = iter(jax.random.split(jax.random.PRNGKey(5), 20))
   sets = [_row_set(keys, b, kh, 3, 16, h), _row_set(keys, b, kh, 18, 16, h),
           _heads_last_set(keys, b, kh, 2, h), _heads_last_set(keys, b, kh, 1, h)]
-  want = qd.combine_sets(sets, group)
-  got = jax.jit(lambda *s: qd.combine_kernel(s, group, interpret=True))(*sets)
+  want = jax.jit(qd.combine_sets, static_argnums=1)(sets, group)
+  got = jax.jit(lambda *s: qd.combine_kernel(s, group, channel_blocks=2, interpret=True))(*sets)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
@@ -404,8 +405,9 @@ def test_combine_kernel_stores_in_the_asked_dtype():
   b, kh, h, group = 2, 2, 128, 7
   keys = iter(jax.random.split(jax.random.PRNGKey(9), 8))
   sets = [_row_set(keys, b, kh, 3, 16, h), _heads_last_set(keys, b, kh, 2, h)]
-  want = jax.jit(lambda *s: qd.combine_kernel(s, group, interpret=True))(*sets)
-  got = jax.jit(lambda *s: qd.combine_kernel(s, group, out_dtype=jnp.bfloat16, interpret=True))(*sets)
+  want = jax.jit(lambda *s: qd.combine_kernel(s, group, channel_blocks=2, interpret=True))(*sets)
+  got = jax.jit(lambda *s: qd.combine_kernel(s, group, channel_blocks=2, out_dtype=jnp.bfloat16,
+                                             interpret=True))(*sets)
   assert want.dtype == jnp.float32 and got.dtype == jnp.bfloat16
   np.testing.assert_array_equal(np.asarray(got.astype(jnp.float32)),
                                 np.asarray(want.astype(jnp.bfloat16).astype(jnp.float32)))
