@@ -54,6 +54,7 @@
 #   bash benchmarks/kernel_experiments.sh b8_s43    # (s43) batch 8 x 32k with the Mosaic launches' CTAs of 2 warpgroups
 #   bash benchmarks/kernel_experiments.sh b8_default  # (s43) the new default at batch 8 x 32k / 16k against Triton's
 #   bash benchmarks/kernel_experiments.sh cublas    # (s44) the 7B step at 60 x 5 and 32 x 100 with cuBLAS' products
+#   bash benchmarks/kernel_experiments.sh triton_first  # (s44) the Triton launch before the Mosaic ones: batch 8, 7B step
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -310,9 +311,20 @@ case "${1:-}" in
       --attention pallas --methods fp16 windowquant kivi2 --out "$out" --budget-s 370 --tag ${tag}_cublas \
       --xla-options 'cublas={"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT", "xla_gpu_enable_triton_gemm": false}' \
       || echo "(stopped: cublas)" ;;
+  triton_first)  # (s44, untimed) the Triton launch (16-bit windows, the rest) ordered before the Mosaic ones: one
+                 # layer at batch 8 x 32k and 8 x 16k (mix, all-INT2), then the 7B step at 32 x 100 and 60 x 5
+    for shape in 8,32768 8,16384; do
+      timeout 100 python benchmarks/decode_attention.py --gpu-time --out "$out" --no-sweep \
+        --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --inner 1 --back-to-back 64 \
+        --variant-shape $shape --variant-plans mix,int2 --variants default,triton_first \
+        --tag ${tag}_triton_first_${shape/,/x} || echo "(stopped: triton_first $shape)"
+    done
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
+      --attention pallas pallas:triton_first --methods fp16 windowquant --out "$out" --budget-s 260 \
+      --tag ${tag}_triton_first_step || echo "(stopped: triton_first, the 7B step)" ;;
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
-     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas" >&2
+     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first" >&2
      exit 2 ;;
 esac

@@ -198,6 +198,11 @@ class DecodeConfig:
   mosaic_min_pairs_long: int | None = 32
   mosaic_long_pool_tokens: int = 1 << 13
   mosaic_min_splits: int = 8  # `mosaic_splits` starts its search here, or at one wave of programs if more
+  # The Triton launch before the Mosaic ones, by a data dependency (the Mosaic launches take q through an
+  # optimization barrier with its partials): s44 read batch 8's all-INT2 profile on an H200 as the Triton launch
+  # of the rest segment alone (80 tokens a pair) waiting for SMs the Mosaic CTAs hold, 12.7 µs on the critical
+  # path. Untimed; off ("pallas:triton_first" turns it on).
+  triton_first: bool = False
 
 
 # The Mosaic INT2 launch with its key minimums' biases computed in the kernel, not by an XLA einsum over the
@@ -919,6 +924,8 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
         qg, others, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window_size,
         tokens_hint=tokens_hint - sum(pool_tokens[i] for i in mosaic), pool_tokens=pool_tokens, config=triton,
         q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
+    if config.triton_first:  # the Mosaic launches start once the Triton launch has written its partials
+      qg, triton_sets = lax.optimization_barrier((qg, triton_sets))
     return [*triton_sets,
             *[_mosaic_int2_partials(qg, k_pools[i], v_pools[i], offsets[i], counts[i],
                                     windows=pool_tokens[i] // window_size, config=config, q_scale=q_scale,

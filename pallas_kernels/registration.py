@@ -50,6 +50,8 @@
                             H100, s39: its hot loop executes 345.5 SASS a 64 keys against 333)
     "pallas:mosaic_wide"  s38's default: INT2 windows' pools with both wgmmas 16 columns wide, half of them waste
                           (since s39 the default runs them 8 wide: the 7B step at 32 x 100 3.3 % faster on an H100)
+    "pallas:triton_first"  the default, its Triton launch (16-bit windows and the rest) before the Mosaic ones
+                           by a data dependency (s44: untimed)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
     "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)
@@ -144,3 +146,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_four_splits", quantized_decode.MOSAIC_FOUR_SPLITS)
   register_variant("pallas:mosaic_paired", quantized_decode.MOSAIC_PAIRED)
   register_variant("pallas:mosaic_wide", quantized_decode.MOSAIC_WIDE)
+  register_variant("pallas:triton_first", quantized_decode.DecodeConfig(triton_first=True))

@@ -836,7 +836,8 @@ def test_bad_shapes_are_refused():
 # magic exponents, ldmatrix, registers for V^T) are held to their lowering for CUDA instead.
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
                                      "int2_int4", "merged", "values_after", "ftz", "ftz_block2", "vregs_int4",
-                                     "lean_eight", "two_splits", "paired", "narrow", "wide", "two_warpgroups"])
+                                     "lean_eight", "two_splits", "paired", "narrow", "wide", "two_warpgroups",
+                                     "triton_first"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -876,10 +877,17 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 two_splits=dataclasses.replace(qd.MOSAIC_DEFAULT, multiprocessors=1),
                 paired=qd.MOSAIC_PAIRED,  # INT2's blocks of two steps, INT4's a step
                 narrow=qd.MOSAIC_DEFAULT, wide=qd.MOSAIC_WIDE,  # INT2's wgmmas 8 wide (s39), 16
-                two_warpgroups=qd.MOSAIC_TWO_WARPGROUPS)[variant]  # CTAs of two warpgroups (s43)
+                two_warpgroups=qd.MOSAIC_TWO_WARPGROUPS,  # CTAs of two warpgroups (s43)
+                # the Triton launch before the Mosaic one (s44)
+                triton_first=qd.DecodeConfig(int2_mosaic=True, triton_first=True))[variant]
   if variant == "two_splits":
     assert qd.mosaic_splits(b * kh, 3, config) == 2
   pool_tokens = tuple(w * window for w in slice_windows)
+  if variant == "triton_first":  # the Mosaic launch's q comes through a barrier with the Triton launch's partials
+    jaxpr = str(jax.make_jaxpr(lambda: qd.quantized_decode(
+        qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window, pool_tokens=pool_tokens,
+        config=config, interpret=interpret is not None))())
+    assert "optimization_barrier" in jaxpr
   out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
                             tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
                             config=config, interpret=interpret is not None)
