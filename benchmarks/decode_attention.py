@@ -505,7 +505,7 @@ VARIANTS = {
     "mosaic_wg2_p2": dataclasses.replace(qd.MOSAIC_TWO_WARPGROUPS, programs_per_multiprocessor=2),
     "mosaic_wg2_int2": dataclasses.replace(qd.MOSAIC_TWO_WARPGROUPS, int4_mosaic=False),  # INT4 stays with Triton
     # s44 (untimed): the default with its Triton launch ordered before the Mosaic ones (a data dependency), where
-    # batch 8's all-INT2 profile on an H200 showed the rest segment's small launch on the critical path
+    # batch 8's all-INT2 profile on an H200 suggested the rest segment's small launch on the critical path
     "triton_first": qd.DecodeConfig(triton_first=True),
     # s33: the large-batch configuration's merge as one program a (request, KV head) (the combine's grid before
     # its channel blocks), and as XLA's kernels

@@ -883,14 +883,12 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   if variant == "two_splits":
     assert qd.mosaic_splits(b * kh, 3, config) == 2
   pool_tokens = tuple(w * window for w in slice_windows)
-  if variant == "triton_first":  # the Mosaic launch's q comes through a barrier with the Triton launch's partials
-    jaxpr = str(jax.make_jaxpr(lambda: qd.quantized_decode(
-        qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window, pool_tokens=pool_tokens,
-        config=config, interpret=interpret is not None))())
-    assert "optimization_barrier" in jaxpr
-  out = qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window,
-                            tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens, q_scale=h ** -0.5,
-                            config=config, interpret=interpret is not None)
+  attend = lambda: qd.quantized_decode(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
+                                       window_size=window, tokens_hint=sum(pool_tokens) + 24, pool_tokens=pool_tokens,
+                                       q_scale=h ** -0.5, config=config, interpret=interpret is not None)
+  # triton_first: the Mosaic launch's q comes through a barrier with the Triton launch's partials
+  assert ("optimization_barrier" in str(jax.make_jaxpr(attend)())) == (variant == "triton_first")
+  out = attend()
   want = qd.reference(qg * h ** -0.5, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                       window_size=window)
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=3e-3, rtol=0)

@@ -329,6 +329,9 @@ def test_combine_channel_blocks_fill_the_device():
   assert qd.combine_channel_blocks(4, 128, dataclasses.replace(cfg, combine_channel_blocks=2)) == 2
 
 
+_combine_sets = jax.jit(qd.combine_sets, static_argnums=1)  # the reference, compiled once (not an op at a time)
+
+
 def test_combine_sets_matches_combine_splits_of_the_concatenation():
   """Two sets of partials of 16 and 8 rows (the Triton and Mosaic launches'), merged where they lie, against
   `combine_splits` over their concatenation padded to 16 rows; a set whose parts are all empty for a row."""
@@ -346,14 +349,13 @@ def test_combine_sets_matches_combine_splits_of_the_concatenation():
   padded = (jnp.pad(sets[1][0], pad + ((0, 0),)), jnp.pad(sets[1][1], pad, constant_values=qd._NEG),
             jnp.pad(sets[1][2], pad))
   want = jax.jit(qd.combine_splits)(*(jnp.concatenate(x, axis=2) for x in zip(sets[0], padded)))[:, :, :group]
-  combine_sets = jax.jit(qd.combine_sets, static_argnums=1)  # one compile, not an op at a time (CI time)
-  got = combine_sets(sets, group)
+  got = _combine_sets(sets, group)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
   # the second set heads last, as the Mosaic launch writes it: 6 parts = 3 splits x 2 window parities
   o = sets[1][0]
   heads_last = o.reshape(b, kh, 3, 2, 8, h).transpose(0, 1, 2, 5, 3, 4)  # [B, K, 3, H, 2, 8]
   np.testing.assert_array_equal(np.asarray(qd._rows_first(heads_last)), np.asarray(o))
-  got = combine_sets([sets[0], (heads_last, *sets[1][1:])], group)
+  got = _combine_sets([sets[0], (heads_last, *sets[1][1:])], group)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
@@ -382,7 +384,7 @@ def test_combine_kernel_with_heads_last_set_matches_combine_sets(triton_parts, m
   o2, m2, l2 = _heads_last_set(keys, b, kh, mosaic_splits, h)
   o2, m2, l2 = o2.at[1].set(0.0), m2.at[1].set(qd._NEG), l2.at[1].set(0.0)  # request 1: no Mosaic window
   sets = [_row_set(keys, b, kh, triton_parts, 16, h), (o2, m2, l2)]
-  want = jax.jit(qd.combine_sets, static_argnums=1)(sets, group)
+  want = _combine_sets(sets, group)
   got = jax.jit(lambda *s: qd.combine_kernel(s, group, channel_blocks=blocks, interpret=True))(*sets)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
@@ -394,7 +396,7 @@ def test_combine_kernel_takes_several_sets_of_each_kind():
   keys = iter(jax.random.split(jax.random.PRNGKey(5), 20))
   sets = [_row_set(keys, b, kh, 3, 16, h), _row_set(keys, b, kh, 18, 16, h),
           _heads_last_set(keys, b, kh, 2, h), _heads_last_set(keys, b, kh, 1, h)]
-  want = jax.jit(qd.combine_sets, static_argnums=1)(sets, group)
+  want = _combine_sets(sets, group)
   got = jax.jit(lambda *s: qd.combine_kernel(s, group, channel_blocks=2, interpret=True))(*sets)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
