@@ -507,6 +507,9 @@ VARIANTS = {
     # s44 (untimed): the default with its Triton launch ordered before the Mosaic ones (a data dependency), where
     # batch 8's all-INT2 profile on an H200 suggested the rest segment's small launch on the critical path
     "triton_first": qd.DecodeConfig(triton_first=True),
+    # s45: INT2 windows' pools with 3 and 4 pipeline stages (more bytes in flight; H100-slower in s36)
+    "mosaic_s3": qd.MOSAIC_STAGES3,
+    "mosaic_s4": qd.MOSAIC_STAGES4,
     # s33: the large-batch configuration's merge as one program a (request, KV head) (the combine's grid before
     # its channel blocks), and as XLA's kernels
     "eight_combine_one_block": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, combine_channel_blocks=1),

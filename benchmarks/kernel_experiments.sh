@@ -322,9 +322,28 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 60x5 \
       --attention pallas pallas:triton_first --methods fp16 windowquant --out "$out" --budget-s 260 \
       --tag ${tag}_triton_first_step || echo "(stopped: triton_first, the 7B step)" ;;
+  depth)  # (s45, for an H200) 3 and 4 pipeline stages for the default's INT2 kernel (more bytes in flight: on an
+          # H200 the kernel streams 57 % of the copy at the H100's speed), and the SASS cuts that the H100 could not
+          # show (V's codes by ldmatrix.trans, paired steps: H100 < 1 %, where the kernel streams 80 %): the INT2
+          # kernel at batch 32 and 60 (float64 checks first), then issue 5's 32k rows at batch 60 and 8
+    bench --batches 32 60 --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both \
+      wg4_large_batch_ftz_lean_folded_eight_narrow_both_s3 wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4 \
+      wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_vldsm \
+      wg4_large_batch_ftz_lean_folded_eight_paired --tag mosaic_int2_${tag}_depth || echo "(stopped: depth, kernels)"
+    for shape_runs in 60,32768:32 8,32768:64; do
+      shape=${shape_runs%:*}
+      timeout 130 python benchmarks/decode_attention.py --variant-shape $shape --variant-plans mix,int2 --no-sweep \
+        --variants default,mosaic_s3,mosaic_s4 --inner 1 --back-to-back ${shape_runs#*:} --gpu-time --out "$out" \
+        --tag ${tag}_depth_${shape/,/x} --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' \
+        || echo "(stopped: depth $shape)"
+    done ;;
+  depth_step)  # (s45) the 7B step at 32 x 100 with 3 and 4 stages (windowquant; fp16 beside for issue 6's ratio)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 380 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_stages3 pallas:mosaic_stages4 --methods fp16 windowquant --out "$out" \
+      --budget-s 340 --tag ${tag}_depth_step || echo "(stopped: depth_step)" ;;
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
-     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first" >&2
+     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
      exit 2 ;;
 esac

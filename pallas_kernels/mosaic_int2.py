@@ -2208,6 +2208,16 @@ VARIANTS = {  # name: keyword arguments of int2_decode
                                                               permuted_keys=True, fetch_by_one_warp=True,
                                                               folded_minimums=True, eight_column_softmax=True,
                                                               narrow_scores=True, narrow_values=True),
+    # (s45) the default's kernel (narrow_both) with 3 and 4 pipeline stages: more code bytes in flight a warpgroup
+    # (two stages keep ~24 KB in flight an SM, ~3 MB over 132 SMs: Little's law at ~1 us of loaded latency gives the
+    # ~2.4 TB/s this kernel streams on both cards). Slower on an H100 in s36 (the lean_eight kernel, 4 % at 3-4
+    # stages), where the kernel already streams 80 % of the copy; untimed on an H200, where it streams 57 %.
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_s3": dict(
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+        eight_column_softmax=True, narrow_scores=True, narrow_values=True, stages=3),
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4": dict(
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+        eight_column_softmax=True, narrow_scores=True, narrow_values=True, stages=4),
     # lean_folded_eight with five and six warpgroups a CTA (s39): more warps a scheduler to hide the step's chain
     # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills, main
     # loop 497 and 539 SASS against 459). Slower on an H100, batch 32 x 19,200: 124.7 and 160.2 µs against 105.7

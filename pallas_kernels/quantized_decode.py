@@ -379,6 +379,14 @@ MOSAIC_TWO_WARPGROUPS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_programs_per_
 # the vote's rare branch; `results/decode_attention_notes.md`, "Session 39").
 MOSAIC_PAIRED = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
     mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_paired"].items()))
+# (s45) The default with 3 and 4 pipeline stages for INT2 windows' pools (more code bytes in flight a warpgroup; INT4's
+# and KIVI's pools keep 2: `pool_options`). s36 timed deeper pipelines on an H100 only, slower by ~4 %, where the
+# kernel streams 80 % of the copy; on an H200 it streams 57 % at the same speed as on the H100 (s44), so what bounds
+# it there may be the bytes in flight. Untimed on an H200: `kernel_experiments.sh depth`.
+MOSAIC_STAGES3 = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(dict(MOSAIC_DEFAULT.mosaic_options,
+                                                                               stages=3).items()))
+MOSAIC_STAGES4 = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(dict(MOSAIC_DEFAULT.mosaic_options,
+                                                                               stages=4).items()))
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 39 (MOSAIC_WIDE in s38,
 # MOSAIC_FOUR_SPLITS in s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before
 # it MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
@@ -985,6 +993,7 @@ def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool 
   if kivi or bits != 2:  # the 8-wide wgmmas are INT2 windows' (timed there; KIVI's V^T is not in registers)
     options.pop("narrow_scores", None)
     options.pop("narrow_values", None)
+    options.pop("stages", None)  # deeper pipelines too (INT4's and KIVI's blocks are larger: shared memory)
   if kivi:  # KIVI's values go through shared memory, or (`token_scaled_p`) scale P
     options["folded_minimums"] = False
     options.pop("values_by_ldmatrix", None)

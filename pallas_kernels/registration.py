@@ -51,7 +51,9 @@
     "pallas:mosaic_wide"  s38's default: INT2 windows' pools with both wgmmas 16 columns wide, half of them waste
                           (since s39 the default runs them 8 wide: the 7B step at 32 x 100 3.3 % faster on an H100)
     "pallas:triton_first"  the default, its Triton launch (16-bit windows and the rest) before the Mosaic ones
-                           by a data dependency (s44: untimed)
+                           by a data dependency (s45, H100: the 7B step 1-2 % slower)
+    "pallas:mosaic_stages3"  the default, INT2 windows' pools with 3 (4) pipeline stages, not 2 (s45)
+    "pallas:mosaic_stages4"
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
     "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)
@@ -147,3 +149,5 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_paired", quantized_decode.MOSAIC_PAIRED)
   register_variant("pallas:mosaic_wide", quantized_decode.MOSAIC_WIDE)
   register_variant("pallas:triton_first", quantized_decode.DecodeConfig(triton_first=True))
+  register_variant("pallas:mosaic_stages3", quantized_decode.MOSAIC_STAGES3)
+  register_variant("pallas:mosaic_stages4", quantized_decode.MOSAIC_STAGES4)

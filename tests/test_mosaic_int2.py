@@ -297,6 +297,15 @@ def test_narrow_wgmmas_match(interpret, bits, warpgroups, splits, first, count, 
   assert not np.asarray(o_t)[..., mi.COLUMNS // 2:].any()  # the output's columns 8-15 stay empty
 
 
+@pytest.mark.parametrize("stages", [3, 4])
+def test_deeper_pipelines_match(interpret, stages):
+  """The default's kernel (both wgmmas narrow) with 3 and 4 pipeline stages (`MOSAIC_STAGES3`, `_4`, s45): a range
+  long enough that every slot is refilled, a CTA's four warpgroups two pairs' splits, against float64."""
+  case = random_case(16, 4, 32 * mi.WINDOW, 7, 2)
+  options = mi.VARIANTS[f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_s{stages}"]
+  assert_range_matches(case, 3, 25, 32, 2, interpret, options)
+
+
 def test_narrow_scores_need_the_eight_column_softmax():
   with pytest.raises(ValueError, match="narrow_scores"):
     mi.attend(*random_case(16, 1, 4 * mi.WINDOW, 7), splits=1, options=(("narrow_scores", True),))

@@ -213,6 +213,9 @@ def test_pool_options_keep_permuted_keys_to_int2():
   by_ldmatrix = dict(qd.MOSAIC_LEAN_EIGHT_VLDSM.mosaic_options)  # V's codes by ldmatrix: windows' pools (s35)
   assert all(qd.pool_options(by_ldmatrix, bits, kivi=False)["values_by_ldmatrix"] for bits in (2, 4))
   assert not any(qd.pool_options(by_ldmatrix, bits, kivi=True).get("values_by_ldmatrix") for bits in (2, 4))
+  deep = dict(qd.MOSAIC_STAGES3.mosaic_options)  # deeper pipelines: INT2 windows' pools only (s45)
+  assert qd.pool_options(deep, 2, kivi=False)["stages"] == 3
+  assert not any("stages" in qd.pool_options(deep, bits, kivi) for bits, kivi in ((4, False), (2, True), (4, True)))
   paired = dict(qd.MOSAIC_PAIRED.mosaic_options)  # two steps under one softmax (s38): INT2 windows' pools only
   assert qd.pool_options(paired, 2, kivi=False) == paired and paired["steps_per_block"] == 2
   for bits, kivi in ((4, False), (2, True), (4, True)):
