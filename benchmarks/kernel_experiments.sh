@@ -341,9 +341,16 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 380 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_stages3 pallas:mosaic_stages4 --methods fp16 windowquant --out "$out" \
       --budget-s 340 --tag ${tag}_depth_step || echo "(stopped: depth_step)" ;;
+  ncu_h200)  # (s45) the default INT2 kernel and 4 stages under Nsight Compute on an H200 (every ncu profile since s26
+             # was an H100's, where the kernel streams 80 % of the copy): batch 32 x 19,968, 4 splits
+    for v in wg4_large_batch_ftz_lean_folded_eight_narrow_both wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4; do
+      timeout 170 python benchmarks/kernel_ncu.py profile --plans mosaic_int2 --kernel kernel_mosaic --variant "$v" \
+        --batch 32 --tokens 19968 --splits 4 --out "$out/ncu_h200" --summary || echo "(stopped: ncu $v)"
+    done
+    tar czf "$out/ncu_mosaic_int2_b32_t19968_${tag}.tgz" -C "$out" --exclude='*.ncu-rep' ncu_h200 ;;
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
-     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
+     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step ncu_h200" >&2
      exit 2 ;;
 esac
