@@ -341,6 +341,11 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 380 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_stages3 pallas:mosaic_stages4 --methods fp16 windowquant --out "$out" \
       --budget-s 340 --tag ${tag}_depth_step || echo "(stopped: depth_step)" ;;
+  kivi_narrow)  # (s45) KIVI's INT2 pools with the score wgmma 8 wide: kivi2's 7B step at 32 x 100 (1.510 x its floor
+                # on an H200 in s44, the one method of the default over 1.5 x there besides ablation C)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_kivi_narrow --methods kivi2 --out "$out" --budget-s 260 \
+      --tag ${tag}_kivi_narrow || echo "(stopped: kivi_narrow)" ;;
   ncu_h200)  # (s45) the default INT2 kernel and 4 stages under Nsight Compute on an H200 (every ncu profile since s26
              # was an H100's, where the kernel streams 80 % of the copy): batch 32 x 19,968, 4 splits
     for v in wg4_large_batch_ftz_lean_folded_eight_narrow_both wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4; do
@@ -351,6 +356,6 @@ case "${1:-}" in
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
-     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step ncu_h200" >&2
+     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step kivi_narrow ncu_h200" >&2
      exit 2 ;;
 esac

@@ -163,6 +163,10 @@ class DecodeConfig:
   # INT4 pools with `permuted_keys` too (`mosaic_int2.key_order`'s 64-channel parts; untimed, s30). Off, INT4
   # pools go without it (the option was INT2's until session 30).
   int4_permuted_keys: bool = False
+  # KIVI's INT2 pools with the score wgmma 8 columns wide (`mosaic_int2`'s `narrow_scores`: their keys are a
+  # window's per channel, as WindowQuant's, and dequantized; the V wgmma stays 16 wide, the values not being V^T in
+  # registers). s45: correct in the interpret mode, untimed; the windows' pools took 1.0-1.3 % from it (s39, H100).
+  kivi_narrow_scores: bool = False
   mosaic_programs_per_multiprocessor: int = 3  # its 148 registers a thread leave room for three
   # `mosaic_int2.int2_decode` keywords, as (name, value) pairs: the fastest variant (H200, 2026-12-04,
   # `mosaic_int2_s21_run2_h200.md`, 32k tokens), the V wgmma waited for in the next step and the values
@@ -387,6 +391,7 @@ MOSAIC_STAGES3 = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(dict(M
                                                                                stages=3).items()))
 MOSAIC_STAGES4 = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(dict(MOSAIC_DEFAULT.mosaic_options,
                                                                                stages=4).items()))
+MOSAIC_KIVI_NARROW = dataclasses.replace(MOSAIC_DEFAULT, kivi_narrow_scores=True)  # s45, untimed
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 39 (MOSAIC_WIDE in s38,
 # MOSAIC_FOUR_SPLITS in s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before
 # it MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
@@ -977,12 +982,13 @@ def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int, b
 
 
 def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool = False,
-                 kivi_token_scaled: bool = False) -> dict:
+                 kivi_token_scaled: bool = False, kivi_narrow_scores: bool = False) -> dict:
   """A configuration's `mosaic_int2` options as a pool of `bits` (and, with `kivi`, KIVI's values) takes them:
   an INT4 pool keeps `permuted_keys` only with `int4_permuted_keys` (and not KIVI's); `folded_minimums` is the
   register paths' for windows' values and keys, and KIVI's pools go without it (their values are not in
   registers, and folding the keys alone made ptxas spill: 593 SASS in the main loop either way, offline, s30),
-  as without `values_by_ldmatrix`. `kivi_token_scaled`: KIVI's values from registers (`token_scaled_p`)."""
+  as without `values_by_ldmatrix`. `kivi_token_scaled`: KIVI's values from registers (`token_scaled_p`);
+  `kivi_narrow_scores`: KIVI's INT2 pools keep `narrow_scores`."""
   options = kivi_options(options) if kivi else dict(options)
   # `paired_steps` is INT2's windows' (KIVI's values are not in registers; INT4's two-step blocks need 241 KB of
   # shared memory a CTA of four warpgroups, over 227): the others a softmax a step
@@ -991,7 +997,8 @@ def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool 
   if bits != 2 and (kivi or not int4_permuted_keys):
     options["permuted_keys"] = False
   if kivi or bits != 2:  # the 8-wide wgmmas are INT2 windows' (timed there; KIVI's V^T is not in registers)
-    options.pop("narrow_scores", None)
+    if not (kivi and bits == 2 and kivi_narrow_scores):
+      options.pop("narrow_scores", None)
     options.pop("narrow_values", None)
     options.pop("stages", None)  # deeper pipelines too (INT4's and KIVI's blocks are larger: shared memory)
   if kivi:  # KIVI's values go through shared memory, or (`token_scaled_p`) scale P
@@ -1030,7 +1037,8 @@ def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, w
 def mosaic_plan(pairs: int, windows: int, bits: int, config: DecodeConfig, kivi: bool = False) -> tuple[int, dict]:
   """The splits and `mosaic_int2` options of a Mosaic launch over at most `windows` windows a pair."""
   options = pool_options(dict(config.mosaic_options), bits, kivi=kivi, int4_permuted_keys=config.int4_permuted_keys,
-                         kivi_token_scaled=bits in config.kivi_token_scaled_bits)
+                         kivi_token_scaled=bits in config.kivi_token_scaled_bits,
+                         kivi_narrow_scores=config.kivi_narrow_scores)
   splits = mosaic_splits(pairs, max(1, -(-windows // 2)), config)
   return mosaic_int2.cta_splits(splits, options.get("warpgroups", 1), pairs), options  # what a CTA can take
 

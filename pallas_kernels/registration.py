@@ -54,6 +54,7 @@
                            by a data dependency (s45, H100: the 7B step 1-2 % slower)
     "pallas:mosaic_stages3"  the default, INT2 windows' pools with 3 (4) pipeline stages, not 2 (s45)
     "pallas:mosaic_stages4"
+    "pallas:mosaic_kivi_narrow"  the default, KIVI's INT2 pools' score wgmma 8 columns wide (s45: untimed)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
     "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)
@@ -151,3 +152,4 @@ if mosaic_int2.available():
   register_variant("pallas:triton_first", quantized_decode.DecodeConfig(triton_first=True))
   register_variant("pallas:mosaic_stages3", quantized_decode.MOSAIC_STAGES3)
   register_variant("pallas:mosaic_stages4", quantized_decode.MOSAIC_STAGES4)
+  register_variant("pallas:mosaic_kivi_narrow", quantized_decode.MOSAIC_KIVI_NARROW)

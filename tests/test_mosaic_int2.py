@@ -679,7 +679,11 @@ def kivi_values(case, seed=1):
                                      # the V wgmma on exact codes against P times a token's scale (s37)
                                      dict(dequantize_keys=True, lagged_max=True, warpgroups=2, overlap_values=False,
                                           magic_exponents=True, eight_column_softmax=True, in_place_values=True,
-                                          token_scaled_p=True)])
+                                          token_scaled_p=True),
+                                     # that, its score wgmma 8 wide (`kivi_narrow_scores`, s45)
+                                     dict(dequantize_keys=True, lagged_max=True, warpgroups=2, overlap_values=False,
+                                          magic_exponents=True, eight_column_softmax=True, in_place_values=True,
+                                          token_scaled_p=True, narrow_scores=True)])
 def test_values_per_token_match(interpret, bits, options):
   """KIVI's values (a scale and minimum a token and group of 32 channels) give the attention of the dequantized
   cache; the reference's per-token reading matters (a window's reading of the same numbers is far off)."""

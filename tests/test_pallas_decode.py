@@ -216,6 +216,11 @@ def test_pool_options_keep_permuted_keys_to_int2():
   deep = dict(qd.MOSAIC_STAGES3.mosaic_options)  # deeper pipelines: INT2 windows' pools only (s45)
   assert qd.pool_options(deep, 2, kivi=False)["stages"] == 3
   assert not any("stages" in qd.pool_options(deep, bits, kivi) for bits, kivi in ((4, False), (2, True), (4, True)))
+  narrow = dict(qd.MOSAIC_DEFAULT.mosaic_options)  # KIVI's INT2 pools' narrow score wgmma, where asked (s45)
+  assert not any(k in qd.pool_options(narrow, 2, kivi=True) for k in ("narrow_scores", "narrow_values"))
+  kivi_narrow = qd.pool_options(narrow, 2, kivi=True, kivi_narrow_scores=True)
+  assert kivi_narrow["narrow_scores"] and "narrow_values" not in kivi_narrow
+  assert "narrow_scores" not in qd.pool_options(narrow, 4, kivi=True, kivi_narrow_scores=True)
   paired = dict(qd.MOSAIC_PAIRED.mosaic_options)  # two steps under one softmax (s38): INT2 windows' pools only
   assert qd.pool_options(paired, 2, kivi=False) == paired and paired["steps_per_block"] == 2
   for bits, kivi in ((4, False), (2, True), (4, True)):
