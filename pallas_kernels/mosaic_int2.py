@@ -2262,6 +2262,11 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "wg4_large_batch_ftz_kivi_eight_scaled_p": dict(_LARGE_BATCH, values_per_token=True, permuted_keys=True,
                                                     fetch_by_one_warp=True, eight_column_softmax=True,
                                                     token_scaled_p=True),
+    # that, its score wgmma 8 columns wide (`narrow_scores`, as KIVI's INT2 pools take it with
+    # `quantized_decode.DecodeConfig.kivi_narrow_scores`; s45, untimed)
+    "wg4_large_batch_ftz_kivi_eight_scaled_p_narrow": dict(_LARGE_BATCH, values_per_token=True, permuted_keys=True,
+                                                           fetch_by_one_warp=True, eight_column_softmax=True,
+                                                           token_scaled_p=True, narrow_scores=True),
     # s25's kernel with three pipeline slots where two were (another 24 KB a CTA: 208 KB; no faster, s26)
     "wg4_large_batch_ftz_s3": dict(_LARGE_BATCH, stages=3),
     # s25's kernel with the scales and minimums in `thread_order`: a part's 4 pairs by one 16-byte load (no
