@@ -326,9 +326,10 @@ case "${1:-}" in
           # H200 the kernel streams 57 % of the copy at the H100's speed), and the SASS cuts that the H100 could not
           # show (V's codes by ldmatrix.trans, paired steps: H100 < 1 %, where the kernel streams 80 %): the INT2
           # kernel at batch 32 and 60 (float64 checks first), then issue 5's 32k rows at batch 60 and 8
-    bench --batches 32 60 --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both \
-      wg4_large_batch_ftz_lean_folded_eight_narrow_both_s3 wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4 \
-      wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_vldsm \
+    timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
+      --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both wg4_large_batch_ftz_lean_folded_eight_narrow_both_s3 \
+      wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4 wg4_large_batch_ftz_lean_folded_eight \
+      wg4_large_batch_ftz_lean_folded_eight_vldsm \
       wg4_large_batch_ftz_lean_folded_eight_paired --tag mosaic_int2_${tag}_depth || echo "(stopped: depth, kernels)"
     for shape_runs in 60,32768:32 8,32768:64; do
       shape=${shape_runs%:*}
@@ -346,6 +347,13 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_kivi_narrow --methods kivi2 --out "$out" --budget-s 260 \
       --tag ${tag}_kivi_narrow || echo "(stopped: kivi_narrow)" ;;
+  h200_next)  # (s45, the next H200's one call, ~6 min) `depth` (the INT2 kernel with 2-4 stages, ldmatrix.trans and
+              # paired steps against their bases; issue 5's 32k rows at batch 60 and 8 with 3 and 4 stages), then the
+              # 7B step at 32 x 100: fp16, windowquant and kivi2 under "pallas", 4 stages and KIVI's narrow scores
+    "$0" depth || echo "(stopped: h200_next, depth)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_stages4 pallas:mosaic_kivi_narrow --methods fp16 windowquant kivi2 \
+      --out "$out" --budget-s 250 --tag ${tag}_next_step || echo "(stopped: h200_next, step)" ;;
   ncu_h200)  # (s45) the default INT2 kernel and 4 stages under Nsight Compute on an H200 (every ncu profile since s26
              # was an H100's, where the kernel streams 80 % of the copy): batch 32 x 19,968, 4 splits
     for v in wg4_large_batch_ftz_lean_folded_eight_narrow_both wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4; do
@@ -356,6 +364,7 @@ case "${1:-}" in
   *) echo "usage: $0 PART, one of:" >&2
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
-     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step kivi_narrow ncu_h200" >&2
+     echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
+     echo "kivi_narrow h200_next ncu_h200" >&2
      exit 2 ;;
 esac
