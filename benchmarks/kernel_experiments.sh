@@ -53,8 +53,14 @@
 #   bash benchmarks/kernel_experiments.sh h200_s42  # (s42) h200_s39, then C's 7B step at 32 x 100 and 60 x 5
 #   bash benchmarks/kernel_experiments.sh b8_s43    # (s43) batch 8 x 32k with the Mosaic launches' CTAs of 2 warpgroups
 #   bash benchmarks/kernel_experiments.sh b8_default  # (s43) the new default at batch 8 x 32k / 16k against Triton's
-#   bash benchmarks/kernel_experiments.sh cublas    # (s44) the 7B step at 60 x 5 and 32 x 100 with cuBLAS' products
-#   bash benchmarks/kernel_experiments.sh triton_first  # (s44) the Triton launch before the Mosaic ones: batch 8, 7B step
+#   bash benchmarks/kernel_experiments.sh cublas    # (s44; s45 H100: 0.5-3.3 % slower) the 7B step with cuBLAS' products
+#   bash benchmarks/kernel_experiments.sh triton_first  # (s44; s45 H100: step slower) the Triton launch first
+#   bash benchmarks/kernel_experiments.sh depth     # (s45, for an H200) the INT2 kernel with 3 and 4 stages, vldsm and
+#                                                   # paired against their bases; issue 5's 32k rows with 3-4 stages
+#   bash benchmarks/kernel_experiments.sh depth_step  # (s45) the 7B step at 32 x 100 with 3 and 4 stages
+#   bash benchmarks/kernel_experiments.sh kivi_narrow  # (s45) kivi2's 32 x 100 step, KIVI's score wgmma 8 wide
+#   bash benchmarks/kernel_experiments.sh h200_next  # (s45) depth, then the 7B step with both: one H200 call, ~6 min
+#   bash benchmarks/kernel_experiments.sh ncu_h200  # (s45) the INT2 kernel (2 and 4 stages) under ncu on an H200
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
