@@ -504,8 +504,9 @@ VARIANTS = {
     "mosaic_wg2": qd.MOSAIC_TWO_WARPGROUPS,
     "mosaic_wg2_p2": dataclasses.replace(qd.MOSAIC_TWO_WARPGROUPS, programs_per_multiprocessor=2),
     "mosaic_wg2_int2": dataclasses.replace(qd.MOSAIC_TWO_WARPGROUPS, int4_mosaic=False),  # INT4 stays with Triton
-    # s44 (untimed): the default with its Triton launch ordered before the Mosaic ones (a data dependency), where
-    # batch 8's all-INT2 profile on an H200 suggested the rest segment's small launch on the critical path
+    # s44: the default with its Triton launch ordered before the Mosaic ones (a data dependency), where batch 8's
+    # all-INT2 profile on an H200 suggested the rest segment's small launch on the critical path (s45, H100: slower
+    # but for batch 8's mixed plan)
     "triton_first": qd.DecodeConfig(triton_first=True),
     # s45: INT2 windows' pools with 3 and 4 pipeline stages (more bytes in flight; H100-slower in s36)
     "mosaic_s3": qd.MOSAIC_STAGES3,

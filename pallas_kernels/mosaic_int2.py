@@ -2211,7 +2211,8 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # (s45) the default's kernel (narrow_both) with 3 and 4 pipeline stages: more code bytes in flight a warpgroup
     # (two stages keep ~24 KB in flight an SM, ~3 MB over 132 SMs: Little's law at ~1 us of loaded latency gives the
     # ~2.4 TB/s this kernel streams on both cards). Slower on an H100 in s36 (the lean_eight kernel, 4 % at 3-4
-    # stages), where the kernel already streams 80 % of the copy; untimed on an H200, where it streams 57 %.
+    # stages; s45, this kernel: 0.7-3.8 %), where the kernel already streams 80 % of the copy; untimed on an H200,
+    # where it streams 57 %.
     "wg4_large_batch_ftz_lean_folded_eight_narrow_both_s3": dict(
         _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
         eight_column_softmax=True, narrow_scores=True, narrow_values=True, stages=3),

@@ -205,7 +205,8 @@ class DecodeConfig:
   # The Triton launch before the Mosaic ones, by a data dependency (the Mosaic launches take q through an
   # optimization barrier with its partials): s44 read batch 8's all-INT2 profile on an H200 as the Triton launch
   # of the rest segment alone (80 tokens a pair) waiting for SMs the Mosaic CTAs hold, 12.7 µs on the critical
-  # path. Untimed; off ("pallas:triton_first" turns it on).
+  # path. Off ("pallas:triton_first" turns it on): s45, H100, the mixed plan's span at batch 8 x 32k 5 % shorter,
+  # the all-INT2 plan's 14 % longer, the 7B step 1.5-1.9 % slower (`results/s45_triton_first_*_h100.md`).
   triton_first: bool = False
 
 
@@ -386,11 +387,10 @@ MOSAIC_PAIRED = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
 # (s45) The default with 3 and 4 pipeline stages for INT2 windows' pools (more code bytes in flight a warpgroup; INT4's
 # and KIVI's pools keep 2: `pool_options`). s36 timed deeper pipelines on an H100 only, slower by ~4 %, where the
 # kernel streams 80 % of the copy; on an H200 it streams 57 % at the same speed as on the H100 (s44), so what bounds
-# it there may be the bytes in flight. Untimed on an H200: `kernel_experiments.sh depth`.
-MOSAIC_STAGES3 = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(dict(MOSAIC_DEFAULT.mosaic_options,
-                                                                               stages=3).items()))
-MOSAIC_STAGES4 = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(dict(MOSAIC_DEFAULT.mosaic_options,
-                                                                               stages=4).items()))
+# it there may be the bytes in flight. s45, H100: the kernel 0.7-3.8 % slower at 3-4 stages
+# (`mosaic_int2_s45_depth_h100.md`); untimed on an H200: `kernel_experiments.sh depth`.
+MOSAIC_STAGES3, MOSAIC_STAGES4 = (dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
+    dict(MOSAIC_DEFAULT.mosaic_options, stages=stages).items())) for stages in (3, 4))
 MOSAIC_KIVI_NARROW = dataclasses.replace(MOSAIC_DEFAULT, kivi_narrow_scores=True)  # s45, untimed
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 39 (MOSAIC_WIDE in s38,
 # MOSAIC_FOUR_SPLITS in s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before
