@@ -57,6 +57,8 @@
 #   bash benchmarks/kernel_experiments.sh triton_first  # (s44; s45 H100: step slower) the Triton launch first
 #   bash benchmarks/kernel_experiments.sh depth     # (s45, for an H200) the INT2 kernel with 3 and 4 stages, vldsm and
 #                                                   # paired against their bases; issue 5's 32k rows with 3-4 stages
+#   bash benchmarks/kernel_experiments.sh knockout  # (s46) the INT2 kernel with its conversions knocked out (a
+#                                                   # diagnostic: keys, values, both constant); also in `depth`
 #   bash benchmarks/kernel_experiments.sh depth_step  # (s45) the 7B step at 32 x 100 with 3 and 4 stages
 #   bash benchmarks/kernel_experiments.sh kivi_narrow  # (s45) kivi2's 32 x 100 step, KIVI's score wgmma 8 wide
 #   bash benchmarks/kernel_experiments.sh h200_next  # (s45) depth, then the 7B step with both: one H200 call, ~6 min
@@ -70,6 +72,7 @@ set -euo pipefail
 export PYTHONPATH=.${PYTHONPATH:+:$PYTHONPATH}  # the scripts run as files import `benchmarks.harness`
 out=${OUT:-benchmarks/results}
 tag=${TAG:-s42}  # results' names: mosaic_int2_<tag>_folded, ...
+ko_variants=$(printf 'wg4_large_batch_ftz_lean_folded_eight_narrow_both_ko_%s ' keys values both)
 bench() { python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" "$@"; }
 # A variant against the default: the INT2 kernel at batch 32 and 60 (its mosaic_int2 variants $1 beside the default's,
 # float64 checks first), issue 5's batch 60 x 32k (mix, int2) under quantized_decode's configuration $2, and the 7B
@@ -332,11 +335,11 @@ case "${1:-}" in
           # H200 the kernel streams 57 % of the copy at the H100's speed), and the SASS cuts that the H100 could not
           # show (V's codes by ldmatrix.trans, paired steps: H100 < 1 %, where the kernel streams 80 %): the INT2
           # kernel at batch 32 and 60 (float64 checks first), then issue 5's 32k rows at batch 60 and 8
-    timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
+    timeout 200 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
       --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both wg4_large_batch_ftz_lean_folded_eight_narrow_both_s3 \
       wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4 wg4_large_batch_ftz_lean_folded_eight \
-      wg4_large_batch_ftz_lean_folded_eight_vldsm \
-      wg4_large_batch_ftz_lean_folded_eight_paired --tag mosaic_int2_${tag}_depth || echo "(stopped: depth, kernels)"
+      wg4_large_batch_ftz_lean_folded_eight_vldsm wg4_large_batch_ftz_lean_folded_eight_paired \
+      ${ko_variants} --tag mosaic_int2_${tag}_depth || echo "(stopped: depth, kernels)"
     for shape_runs in 60,32768:32 8,32768:64; do
       shape=${shape_runs%:*}
       timeout 130 python benchmarks/decode_attention.py --variant-shape $shape --variant-plans mix,int2 --no-sweep \
@@ -344,6 +347,11 @@ case "${1:-}" in
         --tag ${tag}_depth_${shape/,/x} --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' \
         || echo "(stopped: depth $shape)"
     done ;;
+  knockout)  # (s46) what the conversions cost: the default's INT2 kernel with the keys', the values' or both register
+             # operands constant (every byte still moved by TMA; timed unchecked, wrong by design), at batch 32 and 60
+    timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
+      --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both ${ko_variants} --tag mosaic_int2_${tag}_knockout \
+      || echo "(stopped: knockout)" ;;
   depth_step)  # (s45) the 7B step at 32 x 100 with 3 and 4 stages (windowquant; fp16 beside for issue 6's ratio)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 380 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_stages3 pallas:mosaic_stages4 --methods fp16 windowquant --out "$out" \
@@ -371,6 +379,6 @@ case "${1:-}" in
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
      echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
-     echo "kivi_narrow h200_next ncu_h200" >&2
+     echo "kivi_narrow h200_next ncu_h200 knockout" >&2
      exit 2 ;;
 esac

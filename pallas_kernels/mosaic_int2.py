@@ -1120,7 +1120,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 folded_minimums: bool = False, eight_column_softmax: bool = False, values_by_ldmatrix: bool = False,
                 token_scaled_p: bool = False, paired_steps: bool = False, narrow_scores: bool = False,
                 narrow_values: bool = False, max_windows: int | None = None, range_params=None,
-                paged: bool = False):
+                paged: bool = False, knockout: str = ""):
   """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1238,6 +1238,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   than the wide one and the 7B step at 32 x 100 3.3 % (s39, one run each): the default for INT2 windows' pools
   since s39 (`quantized_decode.MOSAIC_DEFAULT`; "pallas:mosaic_wide" runs s38's).
 
+  `knockout` ("keys", "values" or "both"; a diagnostic, wrong by design): the register operand of the score wgmma
+  (keys), of the V wgmma (values) or both is a constant, so that a step skips those codes' shared-memory loads and
+  conversions while TMA still moves every byte and the wgmmas, softmax and pipeline run as they do. Its time against
+  the kernel's is what the conversions cost on a card (`kernel_experiments.sh knockout`); compiled only (not the
+  interpret mode), with `permuted_keys` and `values_in_registers`.
+
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
   window in k_bias (`range_bias`). The ceil(count / 2) steps, in blocks of `steps_per_block`, are shared
@@ -1300,6 +1306,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if paged and not (ranged and warpgroups > 1 and dequantize_keys and not (bias_in_kernel or values_per_token)):
     raise ValueError("paged: a range of windows through a page table, with warpgroups > 1 and dequantize_keys, not "
                      "bias_in_kernel or values_per_token")
+  if knockout not in ("", "keys", "values", "both"):
+    raise ValueError(f"knockout: 'keys', 'values' or 'both', got {knockout!r}")
+  if knockout and (interpret is not None or not (permuted_keys and values_in_registers)):
+    raise ValueError("knockout: a compiled diagnostic (not the interpret mode), with permuted_keys and "
+                     "values_in_registers")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1562,6 +1573,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return values * (metadata(scale_ref, part) * jnp.float16(levels ** -part)) + metadata(minimum_ref, part)
 
     def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
+      if knockout in ("keys", "both"):
+        return [plgpu.layout_cast(jnp.full((STEP, width), 1.0, jnp.float16), layout.WGMMA) for _ in range(parts)]
       if keys_by_thread:
         return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums, bits)
       if fast:
@@ -1572,6 +1585,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return [plain_dequantized(codes, ks_s, km_s, part) for part in range(parts)]
 
     def transposed_values_of(vc_s, vs_s, vm_s):  # V^T in registers, rows as `value_row_channels` orders them
+      if knockout in ("values", "both"):
+        return plgpu.layout_cast(jnp.full((HEAD_DIM, STEP), 1.0, jnp.float16), layout.WGMMA)
       if scaled_codes:
         return _value_codes_transposed(vc_s, bits)
       if values_by_ldmatrix:
@@ -2219,6 +2234,12 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4": dict(
         _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
         eight_column_softmax=True, narrow_scores=True, narrow_values=True, stages=4),
+    # (s46) diagnostics, wrong by design (`knockout`): the default's kernel with the keys', the values' or both
+    # register operands constant, every byte still moved by TMA: what the conversions cost on a card
+    **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_ko_{what}": dict(
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+        eight_column_softmax=True, narrow_scores=True, narrow_values=True, knockout=what)
+       for what in ("keys", "values", "both")},
     # lean_folded_eight with five and six warpgroups a CTA (s39): more warps a scheduler to hide the step's chain
     # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills, main
     # loop 497 and 539 SASS against 459). Slower on an H100, batch 32 x 19,200: 124.7 and 160.2 µs against 105.7

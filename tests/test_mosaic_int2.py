@@ -311,6 +311,26 @@ def test_narrow_scores_need_the_eight_column_softmax():
     mi.attend(*random_case(16, 1, 4 * mi.WINDOW, 7), splits=1, options=(("narrow_scores", True),))
 
 
+@pytest.mark.parametrize("what", ["keys", "values", "both"])
+def test_knockouts_lower_and_are_refused_where_they_cannot_go(interpret, what):
+  """`knockout` (s46's diagnostic, wrong by design) lowers for CUDA, and is refused in the interpret mode (which
+  could only check it against nothing), by another name, and off the register paths."""
+  import jax
+  options = mi.VARIANTS[f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_ko_{what}"]
+  assert options["knockout"] == what
+  case = random_case(0, 4, 512, 7)
+  shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in case]
+  text = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=4, **options)).trace(*shapes).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  with pytest.raises(ValueError, match="knockout: a compiled diagnostic"):
+    mi.attend(*case, splits=4, interpret=interpret, options=tuple(options.items()))
+  with pytest.raises(ValueError, match="knockout: 'keys', 'values' or 'both'"):
+    mi.attend(*case, splits=4, options=tuple(dict(options, knockout="scores").items()))
+  with pytest.raises(ValueError, match="knockout: a compiled diagnostic"):
+    mi.attend(*case, splits=4, options=tuple(dict(options, permuted_keys=False).items()))
+
+
 def test_query_rows_are_q_padded_to_eight_heads_in_f16():
   q = np.random.default_rng(4).normal(size=(3, 7, mi.HEAD_DIM)).astype(np.float32)
   got = np.asarray(mi.query_rows(q))
