@@ -771,11 +771,12 @@ def _token_minimum_terms(p, minimum_ref, e):
   return terms(p, minimum_ref, e)
 
 
-def _store_token_scaled(tiles, minimum_terms, o_ref):
+def _store_token_scaled(tiles, minimum_terms, o_ref, width: int = COLUMNS):
   """`token_scaled_p`: O^T's two tiles f32 [64, 16] (WGMMA layout; tile m's row r channel `value_row_channels()
   [64 m + r]`, of group g = 2m + h, h = (r % 16) // 8, whose heads are columns 8h ... 8h + 7) plus the minimums'
   shares (`minimum_terms[m]`: [64, 16], every row the column sums of `_token_minimum_terms` of groups 2m, 2m + 1)
-  -> o_ref (a plain [128, 16] f32 buffer in shared memory) in channel order, heads in columns 0-7, 8-15 zero."""
+  -> o_ref (a plain [128, width] f32 buffer in shared memory) in channel order, heads in columns 0-7 (and with
+  width 16, 8-15 zero)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -799,10 +800,12 @@ def _store_token_scaled(tiles, minimum_terms, o_ref):
           x, y = (vector.extract(arith.addf(reg, term), dynamic_position=[],
                                  static_position=ir.DenseI64ArrayAttr.get([k])) for k in range(2))
           target = first_column
-        else:  # the other group's columns: the output's empty 8-15
+        elif width == COLUMNS:  # the other group's columns: the output's empty 8-15
           x = y = zero
           target = arith.addi(first_column, c(COLUMNS // 2))
-        element = arith.addi(arith.muli(channel, c(COLUMNS)), target)
+        else:  # an 8-wide output has no empty columns
+          continue
+        element = arith.addi(arith.muli(channel, c(width)), target)
         llvm.inline_asm(ir.Type.parse("!llvm.void"), [arith.addi(base, arith.muli(element, c(4))), x, y],
                         "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f", has_side_effects=True)
 
@@ -963,17 +966,17 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
-def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False, bits: int = 2):
+def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False, bits: int = 2, width: int = COLUMNS):
   """O^T f32 [128, 16] or (`narrow_values`) [128, 8] (WGMMA layout) whose rows are channels in
-  `value_row_channels(by_ldmatrix, bits)` order -> o_ref (a plain [128, 16] f32 buffer in shared memory) in
+  `value_row_channels(by_ldmatrix, bits)` order -> o_ref (a plain [128, width] f32 buffer in shared memory) in
   channel order: each register pair to its channel's row (8 stores of 8 bytes a thread), so that no pass after
-  the kernel puts them back."""
+  the kernel puts them back. `width` 8 (`eight_column_softmax`): O^T's columns 8-15, empty, are not stored."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm, vector
 
-  shape = o_t.shape  # [128, 16], or [128, 8] (`narrow_values`: columns 8-15 written as zeros)
+  shape = o_t.shape  # [128, 16], or [128, 8] (`narrow_values`: columns 8-15 written as zeros where width is 16)
 
   @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA, plgpu.RefType()))
   def store(ctx, o_t, o_ref):
@@ -985,15 +988,17 @@ def _store_in_channel_order(o_t, o_ref, by_ldmatrix: bool = False, bits: int = 2
       column = _ldmatrix_first_channel(c, bits)
     base = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(o_ref))
     for idx, row, col in _register_offsets(shape):
+      if col >= width:  # the empty columns of an 8-wide output
+        continue
       pair = o_t.registers[idx]
       h, m = (row % STEP) // 8, row // STEP
       channel = arith.addi(column, c(ldmatrix_value_channel(0, 0, h, m, bits) if by_ldmatrix else 32 * (2 * m + h)))
-      element = arith.addi(arith.muli(channel, c(COLUMNS)), arith.addi(first_column, c(col)))
+      element = arith.addi(arith.muli(channel, c(width)), arith.addi(first_column, c(col)))
       x, y = (vector.extract(pair, dynamic_position=[], static_position=ir.DenseI64ArrayAttr.get([k]))
               for k in range(2))
       llvm.inline_asm(ir.Type.parse("!llvm.void"), [arith.addi(base, arith.muli(element, c(4))), x, y],
                       "st.shared.v2.f32 [$0], {$1, $2};", "r,f,f", has_side_effects=True)
-      if shape[1] < COLUMNS:  # the narrow accumulator's columns 8-15: zeros
+      if shape[1] < width:  # the narrow accumulator's columns 8-15 of a 16-wide output: zeros
         zero = arith.constant(ir.F32Type.get(), 0.0)
         llvm.inline_asm(ir.Type.parse("!llvm.void"),
                         [arith.addi(base, arith.muli(arith.addi(element, c(COLUMNS // 2)), c(4))), zero, zero],
@@ -1121,10 +1126,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 token_scaled_p: bool = False, paired_steps: bool = False, narrow_scores: bool = False,
                 narrow_values: bool = False, max_windows: int | None = None, range_params=None,
                 paged: bool = False, knockout: str = ""):
-  """Partial softmax of each (pair, split): o_t [N, J, H, 16] (unnormalized, f32), m and l [N, J, 16].
+  """Partial softmax of each (pair, split): o_t [N, J, H, C] (unnormalized, f32), m and l [N, J, C].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
-  of parity c // 8. `fast_unpack`: codes to halves with inline PTX (else Mosaic's own conversions, which
+  of parity c // 8: C = 16, or with `eight_column_softmax` 8 (head c over both parities). `fast_unpack`: codes to halves with inline PTX (else Mosaic's own conversions, which
   the interpret mode runs); `stages`: the input pipeline's depth; `approx_math`: Mosaic's approximate exp2
   (`ex2.approx.ftz.f32`: 1.5 % faster in the large-batch kernel, s25);
   `ptx_fma`: the values' f16x2 fma as inline PTX; `auto_barriers`: Pallas' barrier before and after every
@@ -1354,6 +1359,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   # A CTA's warpgroups are splits of one pair, or (fewer splits than warpgroups) the splits of several pairs:
   # short pools at large batches then fill fewer waves of CTAs, each program reading more steps
   pairs_per_cta = groups // splits if splits < groups else 1
+  # The outputs' columns: with `eight_column_softmax` both window parities' heads are in 0-7 (8-15 would be empty:
+  # s46 dropped them, half of the partials' bytes written and merged), else a parity's 8 each
+  out_columns = COLUMNS // 2 if eight_column_softmax else COLUMNS
   layout = plgpu.Layout
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
   magic = fast and magic_exponents
@@ -1513,11 +1521,6 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         return e + jnp.sum(token_rows(vm_s)[:, :, None] * p[:, None, :], axis=0)
       return _token_minimum_terms(p, vm_s, e)
 
-    def wide_columns(x, fill):  # m or l [soft] -> [16]: columns 8-15 empty
-      if soft == COLUMNS:
-        return x
-      rest = plgpu.layout_cast(jnp.full((COLUMNS - soft,), fill, jnp.float32), layout.WGMMA.reduce(0))
-      return jnp.concatenate([x, rest])
     token = plgpu.broadcasted_iota(jnp.int32, (STEP, width), 0, layout=layout.WGMMA)
 
     def window_biases(kmin_s, qr_s):  # `bias_in_kernel`: bias_s row j = window start + first_window + j
@@ -1922,24 +1925,22 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         upper = plgpu.broadcasted_iota(jnp.int32, (STEP, COLUMNS), 0, layout=layout.WGMMA) % 16 >= 8
         terms = [lax.broadcast_in_dim(column_sum(jnp.where(upper == bool(m), e, 0.0)), (STEP, COLUMNS), [1])
                  for m in range(2)]
-        _store_token_scaled(acc, terms, o_s)
+        _store_token_scaled(acc, terms, o_s, out_columns)
         return
       # The interpret mode's rows are channels in order: row c's group c // 32, its heads in columns 8 (c // 32 % 2)
       group = lax.broadcasted_iota(jnp.int32, (HEAD_DIM, soft), 0) // 32
       heads = jnp.where(group % 2 == 1, acc[:, soft:], acc[:, :soft]) + jnp.repeat(e, 32, axis=0)
-      o_s[...] = jnp.concatenate([heads, jnp.zeros((HEAD_DIM, COLUMNS - soft), jnp.float32)], axis=1)
+      o_s[...] = heads
 
     def store(o_s, ml_s):
       if token_scaled_p:
         token_scaled_output(o_s)
       elif transposed_values:  # rows back in channel order on the way out
-        _store_in_channel_order(acc, o_s, values_by_ldmatrix, bits)
-      elif narrow_values:  # the interpret mode: columns 8-15 empty
-        o_s[...] = jnp.concatenate([acc, jnp.zeros((HEAD_DIM, COLUMNS - soft), jnp.float32)], axis=1)
-      else:
-        o_s[...] = acc
-      ml_s[0] = wide_columns(m_run, _NEG)
-      ml_s[1] = wide_columns(column_sum(l_rows), 0.0)
+        _store_in_channel_order(acc, o_s, values_by_ldmatrix, bits, out_columns)
+      else:  # O^T's columns as the output has them (`eight_column_softmax`: 8; columns 8-15 of a wide one empty)
+        o_s[...] = acc if acc.shape[1] == out_columns else acc[:, :out_columns]
+      ml_s[0] = m_run
+      ml_s[1] = column_sum(l_rows)
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(o_s, o_g.at[pair, split])
       plgpu.copy_smem_to_gmem(ml_s.at[0], m_g.at[pair, split])
@@ -1948,7 +1949,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     if groups > 1:
       store(group_scratch[1].at[wg], group_scratch[2].at[wg])
     else:
-      pl.run_scoped(store, smem((HEAD_DIM, COLUMNS), jnp.float32), smem((2, COLUMNS), jnp.float32))
+      pl.run_scoped(store, smem((HEAD_DIM, out_columns), jnp.float32), smem((2, out_columns), jnp.float32))
 
   per_group = (groups,) if groups > 1 else ()  # leading dimension of a warpgroup's own buffers
   # V [64, 128] f16 a slot, where the values go through shared memory; V^T in registers leaves it unread, so a
@@ -1966,8 +1967,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if groups > 1:  # range, O^T and (m, l) staging, the pipeline's buffers and barriers, a set a warpgroup
     blocks_of = lambda shape, dtype, row_bytes=None: smem((groups, stages, *shape), dtype, row_bytes)
     codes_of = lambda: blocks_of((STEP * spb, packed), jnp.uint8, packed)
-    scratch += [smem((groups, *range_params.shape), jnp.int32), smem((groups, HEAD_DIM, COLUMNS), jnp.float32),
-                smem((groups, 2, COLUMNS), jnp.float32),
+    scratch += [smem((groups, *range_params.shape), jnp.int32), smem((groups, HEAD_DIM, out_columns), jnp.float32),
+                smem((groups, 2, out_columns), jnp.float32),
                 codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
                 blocks_of((2 * spb, HEAD_DIM), jnp.float16) if dequantize_keys else blocks_of((2 * spb, COLUMNS),
                                                                                                jnp.float32),
@@ -1980,9 +1981,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     scratch.append(smem((STEP, HEAD_DIM), jnp.float16, 32))
   call = plgpu.kernel(
       kernel,
-      out_type=(jax.ShapeDtypeStruct((n, splits, HEAD_DIM, COLUMNS), jnp.float32),
-                jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32),
-                jax.ShapeDtypeStruct((n, splits, COLUMNS), jnp.float32)),
+      out_type=(jax.ShapeDtypeStruct((n, splits, HEAD_DIM, out_columns), jnp.float32),
+                jax.ShapeDtypeStruct((n, splits, out_columns), jnp.float32),
+                jax.ShapeDtypeStruct((n, splits, out_columns), jnp.float32)),
       grid=(n // pairs_per_cta, max(1, splits // groups)), grid_names=("pair", "split"),
       scratch_types=scratch, **threads,
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane,
@@ -2006,10 +2007,11 @@ def in_kernel_bias_rows(windows: int, splits: int, steps_per_block: int = 1) -> 
 
 def merge(o_t, m, l, groups: int) -> jax.Array:
   """Partials of `int2_decode` -> attention output [N, G, H] (f32): splits and window parities merged."""
-  n, splits, h, _ = o_t.shape
-  o = jnp.swapaxes(o_t, 2, 3).reshape(n, splits * 2, COLUMNS // 2, h)
-  m = m.reshape(n, splits * 2, COLUMNS // 2)
-  l = l.reshape(n, splits * 2, COLUMNS // 2)
+  n, splits, h, columns = o_t.shape
+  parts = splits * columns // (COLUMNS // 2)  # a split's window parities (one where the heads are 8 columns)
+  o = jnp.swapaxes(o_t, 2, 3).reshape(n, parts, COLUMNS // 2, h)
+  m = m.reshape(n, parts, COLUMNS // 2)
+  l = l.reshape(n, parts, COLUMNS // 2)
   top = m.max(axis=1, keepdims=True)
   w = jnp.exp2(m - top)
   out = (o * w[..., None]).sum(axis=1) / (l * w).sum(axis=1)[..., None]

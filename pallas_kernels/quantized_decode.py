@@ -893,7 +893,7 @@ def _concatenated(sets):
 
 
 def _rows_first(o):
-  """A set's o as [B, K, J', R, H]: the Mosaic launch's comes heads last, [B, K, J, H, 2, R] (its columns are
+  """A set's o as [B, K, J', R, H]: the Mosaic launch's comes heads last, [B, K, J, H, P, R] (its columns are
   a window parity's R rows), and is transposed here only where a caller wants it so."""
   if o.ndim == 5:
     return o
@@ -1019,9 +1019,9 @@ def kivi_options(options: dict) -> dict:
 def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, windows: int,
                           config: DecodeConfig, q_scale: float, interpret: bool):
   """The layer's windows [first, first + count) of an INT2 pool (`windows` >= count, static) through the
-  Mosaic GPU kernel: partial softmaxes m and l [B, K, 2J, 8] as `_launch`'s but of 8 rows (its window
-  parities are two splits each; rows from G on are padding), and o as the kernel writes it, heads last:
-  [B, K, J, H, 2, 8] (transposing it cost the 7B step 0.14 ms at 32 x 100, session 22)."""
+  Mosaic GPU kernel: partial softmaxes m and l [B, K, PJ, 8] as `_launch`'s but of 8 rows (P window
+  parities a split, 1 or 2: `mosaic_set`; rows from G on are padding), and o as the kernel writes it, heads last:
+  [B, K, J, H, P, 8] (transposing it cost the 7B step 0.14 ms at 32 x 100, session 22)."""
   b, kh, g, h = qg.shape
   n = b * kh
   q = qg.reshape(n, g, h).astype(jnp.float32) * (q_scale * _LOG2E)
@@ -1044,11 +1044,14 @@ def mosaic_plan(pairs: int, windows: int, bits: int, config: DecodeConfig, kivi:
 
 
 def mosaic_set(o_t, m, l, b: int, kh: int):
-  """A Mosaic launch's partials as a set for the combine: m and l [B, K, 2J, 8], o heads last."""
-  _, splits, h, _ = o_t.shape
-  half = mosaic_int2.COLUMNS // 2  # [n, J, H, 16]: column c is head c % 8 of window parity c // 8
-  m, l = (x.reshape(b, kh, 2 * splits, half) for x in (m, l))
-  return o_t.reshape(b, kh, splits, h, 2, half), m, l
+  """A Mosaic launch's partials as a set for the combine: m and l [B, K, PJ, 8], o heads last [B, K, J, H, P, 8],
+  with P window parities a split: 2 where its columns are [n, J, H, 16] (column c head c % 8 of parity c // 8),
+  1 where the kernel keeps both parities' heads in 8 columns (`eight_column_softmax`)."""
+  _, splits, h, columns = o_t.shape
+  half = mosaic_int2.COLUMNS // 2
+  parities = columns // half
+  m, l = (x.reshape(b, kh, parities * splits, half) for x in (m, l))
+  return o_t.reshape(b, kh, splits, h, parities, half), m, l
 
 
 def mosaic_splits(pairs: int, steps: int, config: DecodeConfig) -> int:
@@ -1182,7 +1185,7 @@ def combine_sets(sets, groups: int) -> jax.Array:
 
 
 def _weighted_rows(w, o):
-  """sum_j w[b, k, j, g] o[b, k, j, g, h] -> [B, K, G, H], with o heads last ([B, K, J/2, H, 2, R]) read in
+  """sum_j w[b, k, j, g] o[b, k, j, g, h] -> [B, K, G, H], with o heads last ([B, K, J/P, H, P, R]) read in
   place: the sum runs over its split and parity axes and only the [B, K, H, G] result is transposed."""
   if o.ndim == 5:
     return jnp.sum(w[..., None] * o[:, :, :, :w.shape[3]], axis=2)
@@ -1209,15 +1212,15 @@ _COMBINE_CHUNK = 2048  # elements of o a combine program loads at once (16 a thr
 def _combine_body(*refs, kinds: tuple, rows: int, group: int, width: int):
   """One (request, KV head) and one block of `width` channels: the largest running maximum over every set's
   parts first, then the parts weighed by exp2(m - that maximum) and summed, a chunk of parts a load (no chain
-  of rescaled merges, no load waiting on another). `kinds`: (heads_last, parts, chunk) of each set, whose
+  of rescaled merges, no load waiting on another). `kinds`: (heads_last, parts, chunk, parities) of each set, whose
   (o, m, l) refs come in order, then the output's. A heads-last set's split holds window parity p's heads in
-  columns 8p ... 8p + 7; its sums are kept [width, 8] and transposed once."""
+  columns 8p ... 8p + 7 (of its `parities`, 1 or 2); its sums are kept [width, 8] and transposed once."""
   bk, block = pl.program_id(0), pl.program_id(1)
   cols = pl.ds(block * width, width)
   out_ref = refs[-1]
 
   def chunks(i, fn, state):  # fn(i, first, c, fresh, state) over set i's parts, c at a time
-    _, parts, c = kinds[i]
+    _, parts, c, _ = kinds[i]
     n = pl.cdiv(parts, c)
 
     def body(k, state):  # the last chunk starts early to stay in bounds; rows seen before are not fresh
@@ -1235,7 +1238,7 @@ def _combine_body(*refs, kinds: tuple, rows: int, group: int, width: int):
 
   def most(i, first, c, fresh, m_max):
     m_ref = refs[3 * i + 1]
-    for parity in range(2 if kinds[i][0] else 1):
+    for parity in range(kinds[i][3]):
       m_max = jnp.maximum(m_max, jnp.max(m_ref[pl.ds(first, c), heads(i, parity)], axis=0))
     return m_max
 
@@ -1246,7 +1249,7 @@ def _combine_body(*refs, kinds: tuple, rows: int, group: int, width: int):
   def add(i, first, c, fresh, state):
     l_sum, o_rows, o_heads_last = state
     o_ref, m_ref, l_ref = refs[3 * i:3 * i + 3]
-    for parity in range(2 if kinds[i][0] else 1):
+    for parity in range(kinds[i][3]):
       r = pl.ds(first, c)
       w = jnp.where(fresh, jnp.exp2(m_ref[r, heads(i, parity)] - m_max[None, :]), 0.0)  # [c, rows]
       l_sum = l_sum + jnp.sum(w * l_ref[r, heads(i, parity)], axis=0)
@@ -1270,8 +1273,8 @@ def _combine_body(*refs, kinds: tuple, rows: int, group: int, width: int):
 def combine_kernel(sets, group: int, *, channel_blocks: int | None = None, config: DecodeConfig = DecodeConfig(),
                    out_dtype=jnp.float32, interpret: bool = False) -> Float[Array, "B K G H"]:
   """`combine_sets` as one launch, its grid (request x KV head, channel block): the Triton launches' partials
-  (o [B, K, J, Gp, H], m and l [B, K, J, Gp]) and the Mosaic launches' (o heads last [B, K, J', H, 2, 8], m and
-  l [B, K, 2J', 8], G <= 8), each read where it lies. XLA's merge takes four or more small kernels a layer
+  (o [B, K, J, Gp, H], m and l [B, K, J, Gp]) and the Mosaic launches' (o heads last [B, K, J', H, P, 8], m and
+  l [B, K, PJ', 8], G <= 8, P parities a split), each read where it lies. XLA's merge takes four or more small kernels a layer
   (a concatenated, transposed copy too where two Mosaic launches write); until session 33 this launch had one
   program a (request, KV head) merging its parts in a chain (25 µs at batch 8 x 32k on an H100, s32).
   The output in `out_dtype`, rounded as it is stored (the model's bf16: no convert kernel after it, s39)."""
@@ -1281,19 +1284,20 @@ def combine_kernel(sets, group: int, *, channel_blocks: int | None = None, confi
   rows = max(8, 1 << (group - 1).bit_length())
   inputs, kinds = [], []
   for (o, m, l), last in zip(sets, heads_last):
-    if last and (rows > mosaic_int2.COLUMNS // 2 or o.shape[3:] != (h, 2, rows)):
-      raise ValueError(f"combine_kernel: a heads-last set needs G <= 8 and o [B, K, J, {h}, 2, 8]; "
+    if last and (rows > mosaic_int2.COLUMNS // 2 or o.shape[3] != h or o.shape[4] not in (1, 2)
+                 or o.shape[5] != rows):
+      raise ValueError(f"combine_kernel: a heads-last set needs G <= 8 and o [B, K, J, {h}, 1 or 2, 8]; "
                        f"got G = {group}, o {o.shape}")
     if not last and m.shape[3] < rows:
       raise ValueError(f"combine_kernel: a set of {m.shape[3]} rows for {group} heads")
     parts = o.shape[2]
-    kinds.append([last, parts])
+    kinds.append([last, parts, o.shape[4] if last else 1])
     # a part's rows: o [Gp, H] or heads last [H, 2 * 8]; m and l [Gp] or [2 * 8]
     inputs += [o.reshape(n * parts, o.shape[3], -1), m.reshape(n * parts, -1), l.reshape(n * parts, -1)]
   blocks = channel_blocks or combine_channel_blocks(n, h, config)
   width = h // blocks
-  for kind in kinds:  # parts a load: a power of two, no more than the set has
-    kind.append(min(_pow2_floor(max(1, _COMBINE_CHUNK // (rows * width))), _pow2_floor(kind[1])))
+  for kind in kinds:  # parts a load: a power of two, no more than the set has; (heads_last, parts, chunk, parities)
+    kind.insert(2, min(_pow2_floor(max(1, _COMBINE_CHUNK // (rows * width))), _pow2_floor(kind[1])))
   whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i, c: (0,) * x.ndim)
   out = pl.pallas_call(
       functools.partial(_combine_body, kinds=tuple(map(tuple, kinds)), rows=rows, group=group, width=width),

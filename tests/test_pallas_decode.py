@@ -367,6 +367,24 @@ def test_combine_sets_matches_combine_splits_of_the_concatenation():
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+def test_mosaic_set_reads_one_or_two_window_parities_a_split():
+  """A Mosaic launch's outputs [N, J, H, C] as a set: C = 16 two parities of 8 heads a split, C = 8 one (the
+  kernel's `eight_column_softmax` writes no empty columns, s46); m and l follow o's order."""
+  b, kh, splits, h = 2, 3, 4, 128
+  for columns in (16, 8):
+    o_t = jnp.arange(b * kh * splits * h * columns, dtype=jnp.float32).reshape(b * kh, splits, h, columns)
+    m = jnp.arange(b * kh * splits * columns, dtype=jnp.float32).reshape(b * kh, splits, columns)
+    o, m_set, l_set = qd.mosaic_set(o_t, m, -m, b, kh)
+    parities = columns // 8
+    assert o.shape == (b, kh, splits, h, parities, 8) and m_set.shape == (b, kh, parities * splits, 8)
+    # part p of split j: o's [.., j, :, p, :] and m's row parities * j + p
+    np.testing.assert_array_equal(np.asarray(o[1, 2, 3, :, parities - 1]),
+                                  np.asarray(o_t[5, 3, :, 8 * (parities - 1):]))
+    np.testing.assert_array_equal(np.asarray(m_set[1, 2, parities * 3 + parities - 1]),
+                                  np.asarray(m[5, 3, 8 * (parities - 1):]))
+    np.testing.assert_array_equal(np.asarray(l_set), -np.asarray(m_set))
+
+
 def _row_set(keys, b, kh, parts, rows, h, empty_rate=0.3):
   o = jax.random.normal(next(keys), (b, kh, parts, rows, h)) * 5
   m = jax.random.normal(next(keys), (b, kh, parts, rows)) * 4
@@ -375,21 +393,24 @@ def _row_set(keys, b, kh, parts, rows, h, empty_rate=0.3):
   return jnp.where(empty[..., None], 0.0, o), jnp.where(empty, qd._NEG, m), jnp.where(empty, 0.0, l)
 
 
-def _heads_last_set(keys, b, kh, splits, h):
-  return (jax.random.normal(next(keys), (b, kh, splits, h, 2, 8)) * 5,
-          jax.random.normal(next(keys), (b, kh, 2 * splits, 8)) * 4 + 3,
-          jax.random.uniform(next(keys), (b, kh, 2 * splits, 8), minval=0.5, maxval=3.0))
+def _heads_last_set(keys, b, kh, splits, h, parities=2):
+  """A Mosaic launch's partials: two window parities a split (16 columns), or one (`eight_column_softmax`)."""
+  return (jax.random.normal(next(keys), (b, kh, splits, h, parities, 8)) * 5,
+          jax.random.normal(next(keys), (b, kh, parities * splits, 8)) * 4 + 3,
+          jax.random.uniform(next(keys), (b, kh, parities * splits, 8), minval=0.5, maxval=3.0))
 
 
-@pytest.mark.parametrize("triton_parts,mosaic_splits,group,blocks",
-                         [(3, 8, 7, None), (1, 2, 8, 1), (5, 1, 1, 8), (3, 20, 7, 2)])
-def test_combine_kernel_with_heads_last_set_matches_combine_sets(triton_parts, mosaic_splits, group, blocks):
-  """The one-launch merge of a Triton set (16 rows) and a Mosaic set (heads last) against `combine_sets`, on
-  fresh partials: a request with no window in the Mosaic set, and empty Triton parts; loops unrolled and
-  not (20 splits); one to eight channel blocks."""
+@pytest.mark.parametrize("triton_parts,mosaic_splits,group,blocks,parities",
+                         [(3, 8, 7, None, 2), (1, 2, 8, 1, 2), (5, 1, 1, 8, 2), (3, 20, 7, 2, 2), (3, 8, 7, None, 1),
+                          (3, 20, 7, 2, 1)])
+def test_combine_kernel_with_heads_last_set_matches_combine_sets(triton_parts, mosaic_splits, group, blocks,
+                                                                 parities):
+  """The one-launch merge of a Triton set (16 rows) and a Mosaic set (heads last, one or two window parities a
+  split) against `combine_sets`, on fresh partials: a request with no window in the Mosaic set, and empty Triton
+  parts; loops unrolled and not (20 splits); one to eight channel blocks."""
   b, kh, h = 3, 2, 128
-  keys = iter(jax.random.split(jax.random.PRNGKey(triton_parts * 7 + mosaic_splits), 8))
-  o2, m2, l2 = _heads_last_set(keys, b, kh, mosaic_splits, h)
+  keys = iter(jax.random.split(jax.random.PRNGKey(triton_parts * 7 + mosaic_splits + parities), 8))
+  o2, m2, l2 = _heads_last_set(keys, b, kh, mosaic_splits, h, parities)
   o2, m2, l2 = o2.at[1].set(0.0), m2.at[1].set(qd._NEG), l2.at[1].set(0.0)  # request 1: no Mosaic window
   sets = [_row_set(keys, b, kh, triton_parts, 16, h), (o2, m2, l2)]
   want = _combine_sets(sets, group)
@@ -399,11 +420,12 @@ def test_combine_kernel_with_heads_last_set_matches_combine_sets(triton_parts, m
 
 def test_combine_kernel_takes_several_sets_of_each_kind():
   """Two Triton sets (the main and the INT4 launch's, different split counts) and two Mosaic sets (the INT2 and
-  INT4 pools' launches) in one launch, against `combine_sets`, on fresh partials."""
+  INT4 pools' launches, two window parities a split and one) in one launch, against `combine_sets`, on fresh
+  partials."""
   b, kh, h, group = 1, 2, 128, 7
   keys = iter(jax.random.split(jax.random.PRNGKey(5), 20))
   sets = [_row_set(keys, b, kh, 3, 16, h), _row_set(keys, b, kh, 18, 16, h),
-          _heads_last_set(keys, b, kh, 2, h), _heads_last_set(keys, b, kh, 1, h)]
+          _heads_last_set(keys, b, kh, 2, h), _heads_last_set(keys, b, kh, 1, h, parities=1)]
   want = _combine_sets(sets, group)
   got = jax.jit(lambda *s: qd.combine_kernel(s, group, channel_blocks=2, interpret=True))(*sets)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
