@@ -59,6 +59,9 @@
 #                                                   # paired against their bases; issue 5's 32k rows with 3-4 stages
 #   bash benchmarks/kernel_experiments.sh knockout  # (s46) the INT2 kernel with its conversions knocked out (a
 #                                                   # diagnostic: keys, values, both constant); also in `depth`
+#   bash benchmarks/kernel_experiments.sh narrow_out  # (s46) 8-column partials against s45's 16: 32k rows, 7B step
+#   bash benchmarks/kernel_experiments.sh h100_next  # (s46) knockout, then the 7B step with 16-column partials and
+#                                                   # KIVI's narrow scores beside the default (~9 min)
 #   bash benchmarks/kernel_experiments.sh depth_step  # (s45) the 7B step at 32 x 100 with 3 and 4 stages
 #   bash benchmarks/kernel_experiments.sh kivi_narrow  # (s45) kivi2's 32 x 100 step, KIVI's score wgmma 8 wide
 #   bash benchmarks/kernel_experiments.sh h200_next  # (s45) depth, then the 7B step with both: one H200 call, ~6 min
@@ -343,7 +346,8 @@ case "${1:-}" in
     for shape_runs in 60,32768:32 8,32768:64; do
       shape=${shape_runs%:*}
       timeout 130 python benchmarks/decode_attention.py --variant-shape $shape --variant-plans mix,int2 --no-sweep \
-        --variants default,mosaic_s3,mosaic_s4 --inner 1 --back-to-back ${shape_runs#*:} --gpu-time --out "$out" \
+        --variants default,mosaic_s3,mosaic_s4,mosaic_wide_output --inner 1 --back-to-back ${shape_runs#*:} --gpu-time \
+        --out "$out" \
         --tag ${tag}_depth_${shape/,/x} --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' \
         || echo "(stopped: depth $shape)"
     done ;;
@@ -352,6 +356,25 @@ case "${1:-}" in
     timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
       --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both ${ko_variants} --tag mosaic_int2_${tag}_knockout \
       || echo "(stopped: knockout)" ;;
+  narrow_out)  # (s46) the Mosaic launches' partials 8 columns wide (the default since s46) against s45's 16 with 8
+               # empty ("pallas:mosaic_wide_output"): issue 5's 32k rows at batch 8 and 60, then the 7B step at 32 x 100
+    for shape_runs in 8,32768:64 60,32768:32; do
+      shape=${shape_runs%:*}
+      timeout 100 python benchmarks/decode_attention.py --variant-shape $shape --variant-plans mix,int2 --no-sweep \
+        --variants default,mosaic_wide_output --inner 1 --back-to-back ${shape_runs#*:} --gpu-time --out "$out" \
+        --tag ${tag}_narrow_out_${shape/,/x} \
+        --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' \
+        || echo "(stopped: narrow_out $shape)"
+    done
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_wide_output --methods fp16 windowquant --out "$out" --budget-s 250 \
+      --tag ${tag}_narrow_out_step || echo "(stopped: narrow_out, the 7B step)" ;;
+  h100_next)  # (s46, an H100's one call, ~9 min) `knockout`, then the 7B step at 32 x 100: fp16, windowquant and
+              # kivi2 under "pallas", s45's 16-column partials and KIVI's narrow scores
+    "$0" knockout || echo "(stopped: h100_next, knockout)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 380 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_wide_output pallas:mosaic_kivi_narrow --methods fp16 windowquant kivi2 \
+      --out "$out" --budget-s 330 --tag ${tag}_h100_step || echo "(stopped: h100_next, step)" ;;
   depth_step)  # (s45) the 7B step at 32 x 100 with 3 and 4 stages (windowquant; fp16 beside for issue 6's ratio)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 380 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_stages3 pallas:mosaic_stages4 --methods fp16 windowquant --out "$out" \
@@ -379,6 +402,6 @@ case "${1:-}" in
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
      echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
-     echo "kivi_narrow h200_next ncu_h200 knockout" >&2
+     echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next" >&2
      exit 2 ;;
 esac

@@ -1125,13 +1125,14 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 folded_minimums: bool = False, eight_column_softmax: bool = False, values_by_ldmatrix: bool = False,
                 token_scaled_p: bool = False, paired_steps: bool = False, narrow_scores: bool = False,
                 narrow_values: bool = False, max_windows: int | None = None, range_params=None,
-                paged: bool = False, knockout: str = ""):
+                paged: bool = False, knockout: str = "", sixteen_columns_out: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, C] (unnormalized, f32), m and l [N, J, C].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
-  of parity c // 8: C = 16, or with `eight_column_softmax` 8 (head c over both parities). `fast_unpack`: codes to halves with inline PTX (else Mosaic's own conversions, which
-  the interpret mode runs); `stages`: the input pipeline's depth; `approx_math`: Mosaic's approximate exp2
-  (`ex2.approx.ftz.f32`: 1.5 % faster in the large-batch kernel, s25);
+  of parity c // 8: C = 16, or with `eight_column_softmax` 8 (head c over both parities). `fast_unpack`: codes to
+  halves with inline PTX (else Mosaic's own conversions, which the interpret mode runs); `stages`: the input
+  pipeline's depth; `approx_math`: Mosaic's approximate exp2 (`ex2.approx.ftz.f32`: 1.5 % faster in the
+  large-batch kernel, s25);
   `ptx_fma`: the values' f16x2 fma as inline PTX; `auto_barriers`: Pallas' barrier before and after every
   store to shared memory (without them, each buffer is written only after the wgmma that read it was
   waited for, and read only after `commit_smem`, whose barrier orders the writes); `magic_exponents`: see
@@ -1242,6 +1243,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   Both narrow (variant `..._narrow_both`): HGMMA.64x8x16 only, 124 registers; on an H100 the kernel 1.0-1.3 % faster
   than the wide one and the 7B step at 32 x 100 3.3 % (s39, one run each): the default for INT2 windows' pools
   since s39 (`quantized_decode.MOSAIC_DEFAULT`; "pallas:mosaic_wide" runs s38's).
+
+  `sixteen_columns_out`: the outputs 16 columns wide even with `eight_column_softmax` (8-15 empty), as before s46,
+  for a comparison in one run.
 
   `knockout` ("keys", "values" or "both"; a diagnostic, wrong by design): the register operand of the score wgmma
   (keys), of the V wgmma (values) or both is a constant, so that a step skips those codes' shared-memory loads and
@@ -1361,7 +1365,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   pairs_per_cta = groups // splits if splits < groups else 1
   # The outputs' columns: with `eight_column_softmax` both window parities' heads are in 0-7 (8-15 would be empty:
   # s46 dropped them, half of the partials' bytes written and merged), else a parity's 8 each
-  out_columns = COLUMNS // 2 if eight_column_softmax else COLUMNS
+  out_columns = COLUMNS // 2 if eight_column_softmax and not sixteen_columns_out else COLUMNS
   layout = plgpu.Layout
   fast = fast_unpack and interpret is None  # inline PTX: the interpret mode runs the plain path
   magic = fast and magic_exponents
@@ -1521,6 +1525,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         return e + jnp.sum(token_rows(vm_s)[:, :, None] * p[:, None, :], axis=0)
       return _token_minimum_terms(p, vm_s, e)
 
+    def wide_columns(x, fill):  # m or l [soft] -> [out_columns] (`sixteen_columns_out`: 8-15 empty)
+      if soft == out_columns:
+        return x
+      rest = plgpu.layout_cast(jnp.full((COLUMNS - soft,), fill, jnp.float32), layout.WGMMA.reduce(0))
+      return jnp.concatenate([x, rest])
     token = plgpu.broadcasted_iota(jnp.int32, (STEP, width), 0, layout=layout.WGMMA)
 
     def window_biases(kmin_s, qr_s):  # `bias_in_kernel`: bias_s row j = window start + first_window + j
@@ -1930,17 +1939,20 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       # The interpret mode's rows are channels in order: row c's group c // 32, its heads in columns 8 (c // 32 % 2)
       group = lax.broadcasted_iota(jnp.int32, (HEAD_DIM, soft), 0) // 32
       heads = jnp.where(group % 2 == 1, acc[:, soft:], acc[:, :soft]) + jnp.repeat(e, 32, axis=0)
-      o_s[...] = heads
+      o_s[...] = heads if out_columns == soft else jnp.concatenate(
+          [heads, jnp.zeros((HEAD_DIM, COLUMNS - soft), jnp.float32)], axis=1)
 
     def store(o_s, ml_s):
       if token_scaled_p:
         token_scaled_output(o_s)
       elif transposed_values:  # rows back in channel order on the way out
         _store_in_channel_order(acc, o_s, values_by_ldmatrix, bits, out_columns)
+      elif acc.shape[1] < out_columns:  # `sixteen_columns_out` with the narrow accumulator: 8-15 empty
+        o_s[...] = jnp.concatenate([acc, jnp.zeros((HEAD_DIM, COLUMNS - soft), jnp.float32)], axis=1)
       else:  # O^T's columns as the output has them (`eight_column_softmax`: 8; columns 8-15 of a wide one empty)
         o_s[...] = acc if acc.shape[1] == out_columns else acc[:, :out_columns]
-      ml_s[0] = m_run
-      ml_s[1] = column_sum(l_rows)
+      ml_s[0] = wide_columns(m_run, _NEG)
+      ml_s[1] = wide_columns(column_sum(l_rows), 0.0)
       plgpu.commit_smem()
       plgpu.copy_smem_to_gmem(o_s, o_g.at[pair, split])
       plgpu.copy_smem_to_gmem(ml_s.at[0], m_g.at[pair, split])

@@ -392,6 +392,10 @@ MOSAIC_PAIRED = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
 MOSAIC_STAGES3, MOSAIC_STAGES4 = (dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
     dict(MOSAIC_DEFAULT.mosaic_options, stages=stages).items())) for stages in (3, 4))
 MOSAIC_KIVI_NARROW = dataclasses.replace(MOSAIC_DEFAULT, kivi_narrow_scores=True)  # s45, untimed
+# (s46) The default with the Mosaic launches' partials 16 columns wide, 8 of them empty, as they were until s46 (the
+# eight-column softmax's outputs are 8 since): the comparison in one run (`kernel_experiments.sh narrow_out`)
+MOSAIC_WIDE_OUTPUT = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
+    dict(MOSAIC_DEFAULT.mosaic_options, sixteen_columns_out=True).items()))
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 39 (MOSAIC_WIDE in s38,
 # MOSAIC_FOUR_SPLITS in s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before
 # it MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
@@ -1274,9 +1278,10 @@ def combine_kernel(sets, group: int, *, channel_blocks: int | None = None, confi
                    out_dtype=jnp.float32, interpret: bool = False) -> Float[Array, "B K G H"]:
   """`combine_sets` as one launch, its grid (request x KV head, channel block): the Triton launches' partials
   (o [B, K, J, Gp, H], m and l [B, K, J, Gp]) and the Mosaic launches' (o heads last [B, K, J', H, P, 8], m and
-  l [B, K, PJ', 8], G <= 8, P parities a split), each read where it lies. XLA's merge takes four or more small kernels a layer
-  (a concatenated, transposed copy too where two Mosaic launches write); until session 33 this launch had one
-  program a (request, KV head) merging its parts in a chain (25 µs at batch 8 x 32k on an H100, s32).
+  l [B, K, PJ', 8], G <= 8, P parities a split), each read where it lies. XLA's merge takes four or more small
+  kernels a layer (a concatenated, transposed copy too where two Mosaic launches write); until session 33 this
+  launch had one program a (request, KV head) merging its parts in a chain (25 µs at batch 8 x 32k on an H100,
+  s32).
   The output in `out_dtype`, rounded as it is stored (the model's bf16: no convert kernel after it, s39)."""
   b, kh, _, _, h = sets[0][0].shape
   n = b * kh

@@ -153,3 +153,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_stages3", quantized_decode.MOSAIC_STAGES3)
   register_variant("pallas:mosaic_stages4", quantized_decode.MOSAIC_STAGES4)
   register_variant("pallas:mosaic_kivi_narrow", quantized_decode.MOSAIC_KIVI_NARROW)
+  register_variant("pallas:mosaic_wide_output", quantized_decode.MOSAIC_WIDE_OUTPUT)

@@ -297,6 +297,15 @@ def test_narrow_wgmmas_match(interpret, bits, warpgroups, splits, first, count, 
   assert o_t.shape[-1] == mi.COLUMNS // 2  # both window parities' heads in 8 columns: no empty 8-15 written (s46)
 
 
+def test_sixteen_columns_out_match_and_keep_8_to_15_empty(interpret):
+  """`sixteen_columns_out` (the outputs as before s46, for a comparison in one run): the same partials as the
+  default's 8 columns, with columns 8-15 and their m (-1e30) and l (0) empty, through a range and four warpgroups."""
+  case = random_case(17, 4, 32 * mi.WINDOW, 7, 2)
+  options = mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"]
+  o_t = assert_range_matches(case, 3, 25, 32, 4, interpret, dict(options, sixteen_columns_out=True))
+  assert o_t.shape[-1] == mi.COLUMNS and not np.asarray(o_t)[..., mi.COLUMNS // 2:].any()
+
+
 @pytest.mark.parametrize("stages", [3, 4])
 def test_deeper_pipelines_match(interpret, stages):
   """The default's kernel (both wgmmas narrow) with 3 and 4 pipeline stages (`MOSAIC_STAGES3`, `_4`, s45): a range
