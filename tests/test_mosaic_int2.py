@@ -879,7 +879,7 @@ def test_bad_shapes_are_refused():
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
                                      "int2_int4", "merged", "values_after", "ftz", "ftz_block2", "vregs_int4",
                                      "lean_eight", "two_splits", "paired", "narrow", "wide", "two_warpgroups",
-                                     "triton_first"])
+                                     "triton_first", "wide_output"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -921,7 +921,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 narrow=qd.MOSAIC_DEFAULT, wide=qd.MOSAIC_WIDE,  # INT2's wgmmas 8 wide (s39), 16
                 two_warpgroups=qd.MOSAIC_TWO_WARPGROUPS,  # CTAs of two warpgroups (s43)
                 # the Triton launch before the Mosaic one (s44)
-                triton_first=qd.DecodeConfig(int2_mosaic=True, triton_first=True))[variant]
+                triton_first=qd.DecodeConfig(int2_mosaic=True, triton_first=True),
+                wide_output=qd.MOSAIC_WIDE_OUTPUT)[variant]  # s45's 16-column partials, 8 empty (s46)
   if variant == "two_splits":
     assert qd.mosaic_splits(b * kh, 3, config) == 2
   pool_tokens = tuple(w * window for w in slice_windows)
