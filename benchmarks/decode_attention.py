@@ -512,7 +512,7 @@ VARIANTS = {
     "mosaic_s3": qd.MOSAIC_STAGES3,
     "mosaic_s4": qd.MOSAIC_STAGES4,
     "mosaic_wide_output": qd.MOSAIC_WIDE_OUTPUT,  # (s46) the partials 16 columns wide, 8 empty, as until s46
-    "mosaic_kivi_narrow": qd.MOSAIC_KIVI_NARROW,  # s45: KIVI's INT2 pools' score wgmma 8 wide
+    "mosaic_kivi_wide": qd.MOSAIC_KIVI_WIDE,  # KIVI's INT2 pools' score wgmma 16 wide (until s46; since, 8)
     # s33: the large-batch configuration's merge as one program a (request, KV head) (the combine's grid before
     # its channel blocks), and as XLA's kernels
     "eight_combine_one_block": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, combine_channel_blocks=1),

@@ -63,7 +63,8 @@
 #   bash benchmarks/kernel_experiments.sh h100_next  # (s46) knockout, then the 7B step with 16-column partials and
 #                                                   # KIVI's narrow scores beside the default (~9 min)
 #   bash benchmarks/kernel_experiments.sh depth_step  # (s45) the 7B step at 32 x 100 with 3 and 4 stages
-#   bash benchmarks/kernel_experiments.sh kivi_narrow  # (s45) kivi2's 32 x 100 step, KIVI's score wgmma 8 wide
+#   bash benchmarks/kernel_experiments.sh kivi_narrow  # (s45; s46 H100: 2.8 %, the default) kivi2's 32 x 100
+#                                                   # step, KIVI's score wgmma 8 wide against 16
 #   bash benchmarks/kernel_experiments.sh h200_next  # (s45) depth, then the 7B step with both: one H200 call, ~6 min
 #   bash benchmarks/kernel_experiments.sh ncu_h200  # (s45) the INT2 kernel (2 and 4 stages) under ncu on an H200
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
@@ -370,26 +371,28 @@ case "${1:-}" in
       --attention pallas pallas:mosaic_wide_output --methods fp16 windowquant --out "$out" --budget-s 250 \
       --tag ${tag}_narrow_out_step || echo "(stopped: narrow_out, the 7B step)" ;;
   h100_next)  # (s46, an H100's one call, ~9 min) `knockout`, then the 7B step at 32 x 100: fp16, windowquant and
-              # kivi2 under "pallas", s45's 16-column partials and KIVI's narrow scores
+              # kivi2 under "pallas", s45's 16-column partials and KIVI's score wgmma 16 wide (s46 ran it with KIVI's
+              # narrow scores as "pallas:mosaic_kivi_narrow", before they became the default)
     "$0" knockout || echo "(stopped: h100_next, knockout)"
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 380 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_wide_output pallas:mosaic_kivi_narrow --methods fp16 windowquant kivi2 \
+      --attention pallas pallas:mosaic_wide_output pallas:mosaic_kivi_wide --methods fp16 windowquant kivi2 \
       --out "$out" --budget-s 330 --tag ${tag}_h100_step || echo "(stopped: h100_next, step)" ;;
   depth_step)  # (s45) the 7B step at 32 x 100 with 3 and 4 stages (windowquant; fp16 beside for issue 6's ratio)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 380 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_stages3 pallas:mosaic_stages4 --methods fp16 windowquant --out "$out" \
       --budget-s 340 --tag ${tag}_depth_step || echo "(stopped: depth_step)" ;;
-  kivi_narrow)  # (s45) KIVI's INT2 pools with the score wgmma 8 wide: kivi2's 7B step at 32 x 100 (1.510 x its floor
-                # on an H200 in s44, the one method of the default over 1.5 x there besides ablation C)
+  kivi_narrow)  # (s45) KIVI's INT2 pools with the score wgmma 8 wide (the default since s46) against 16: kivi2's 7B
+                # step at 32 x 100 (1.510 x its floor on an H200 in s44; s46 H100: 8 wide 2.8 % faster)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_kivi_narrow --methods kivi2 --out "$out" --budget-s 260 \
+      --attention pallas pallas:mosaic_kivi_wide --methods kivi2 --out "$out" --budget-s 260 \
       --tag ${tag}_kivi_narrow || echo "(stopped: kivi_narrow)" ;;
   h200_next)  # (s45, the next H200's one call, ~6 min) `depth` (the INT2 kernel with 2-4 stages, ldmatrix.trans and
               # paired steps against their bases; issue 5's 32k rows at batch 60 and 8 with 3 and 4 stages), then the
-              # 7B step at 32 x 100: fp16, windowquant and kivi2 under "pallas", 4 stages and KIVI's narrow scores
+              # 7B step at 32 x 100: fp16, windowquant and kivi2 under "pallas", 4 stages and KIVI's wide scores
+              # (s46: with the knockouts in `depth`, and KIVI's narrow scores the default)
     "$0" depth || echo "(stopped: h200_next, depth)"
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_stages4 pallas:mosaic_kivi_narrow --methods fp16 windowquant kivi2 \
+      --attention pallas pallas:mosaic_stages4 pallas:mosaic_kivi_wide --methods fp16 windowquant kivi2 \
       --out "$out" --budget-s 250 --tag ${tag}_next_step || echo "(stopped: h200_next, step)" ;;
   ncu_h200)  # (s45) the default INT2 kernel and 4 stages under Nsight Compute on an H200 (every ncu profile since s26
              # was an H100's, where the kernel streams 80 % of the copy): batch 32 x 19,968, 4 splits

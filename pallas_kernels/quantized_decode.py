@@ -165,7 +165,8 @@ class DecodeConfig:
   int4_permuted_keys: bool = False
   # KIVI's INT2 pools with the score wgmma 8 columns wide (`mosaic_int2`'s `narrow_scores`: their keys are a
   # window's per channel, as WindowQuant's, and dequantized; the V wgmma stays 16 wide, the values not being V^T in
-  # registers). s45: correct in the interpret mode, untimed; the windows' pools took 1.0-1.3 % from it (s39, H100).
+  # registers). The large-batch default since s46 (`MOSAIC_DEFAULT`): kivi2's 7B step at 32 x 100 2.8 % faster on
+  # an H100, 8.883 ms against 9.142 (`decode_throughput_*_s46_h100_step_gpu_h100.md`).
   kivi_narrow_scores: bool = False
   mosaic_programs_per_multiprocessor: int = 3  # its 148 registers a thread leave room for three
   # `mosaic_int2.int2_decode` keywords, as (name, value) pairs: the fastest variant (H200, 2026-12-04,
@@ -370,7 +371,7 @@ MOSAIC_FOUR_SPLITS = dataclasses.replace(MOSAIC_WIDE, mosaic_min_splits=4)  # s3
 # windowquant, 8.535 ms against 8.822 (`results/decode_throughput_*_s39_narrow_step_gpu_h100.md`). MOSAIC_WIDE
 # ("pallas:mosaic_wide") is s38's default.
 MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
-    mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"].items()))
+    mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"].items()), kivi_narrow_scores=True)
 # (s43) The default's Mosaic launches with CTAs of two warpgroups, the splits sized for one such CTA a multiprocessor
 # (116 registers a thread offline): at batch 8 x 32k (32 pairs) four warpgroups a CTA take all of an SM's registers,
 # so the Triton launch's memory-bound 16-bit programs cannot run beside the instruction-bound INT2 ones; these CTAs
@@ -391,7 +392,9 @@ MOSAIC_PAIRED = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
 # (`mosaic_int2_s45_depth_h100.md`); untimed on an H200: `kernel_experiments.sh depth`.
 MOSAIC_STAGES3, MOSAIC_STAGES4 = (dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
     dict(MOSAIC_DEFAULT.mosaic_options, stages=stages).items())) for stages in (3, 4))
-MOSAIC_KIVI_NARROW = dataclasses.replace(MOSAIC_DEFAULT, kivi_narrow_scores=True)  # s45, untimed
+# (s45) KIVI's INT2 pools' score wgmma 8 wide (`kivi_narrow_scores`), the default since s46; "pallas:mosaic_kivi_wide"
+# runs it 16 wide, as until s46 (H100: kivi2's 7B step at 32 x 100 9.142 ms against the default's 8.883)
+MOSAIC_KIVI_WIDE = dataclasses.replace(MOSAIC_DEFAULT, kivi_narrow_scores=False)
 # (s46) The default with the Mosaic launches' partials 16 columns wide, 8 of them empty, as they were until s46 (the
 # eight-column softmax's outputs are 8 since): the comparison in one run (`kernel_experiments.sh narrow_out`)
 MOSAIC_WIDE_OUTPUT = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
@@ -406,7 +409,7 @@ MOSAIC_WIDE_OUTPUT = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
 # concatenated copy and the combine kernel (~40 µs of 545 at batch 60 x 32k, mix; untimed).
 LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_DEFAULT, k) for k in (
     "mosaic_programs_per_multiprocessor", "mosaic_options", "fused_combine", "mosaic_min_splits", "int4_mosaic",
-    "kivi_mosaic", "kivi_token_scaled_bits")}
+    "kivi_mosaic", "kivi_token_scaled_bits", "kivi_narrow_scores")}
 LARGE_BATCH_BITS = (2, 4) if LARGE_BATCH_MOSAIC["int4_mosaic"] else (2,)  # the widths its launches serve
 # The Triton kernel for every pool, at every batch ("pallas:triton": the baseline the Mosaic benches compare to).
 TRITON_ONLY = DecodeConfig(mosaic_min_pairs=None)

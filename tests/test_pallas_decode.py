@@ -166,7 +166,8 @@ def test_large_launches_take_the_mosaic_kernel():
   assert qd.MOSAIC_WIDE == dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,),
                                                mosaic_min_splits=2)
   assert qd.MOSAIC_DEFAULT == dataclasses.replace(qd.MOSAIC_WIDE, mosaic_options=tuple(
-      dict(qd.MOSAIC_LEAN_EIGHT.mosaic_options, narrow_scores=True, narrow_values=True).items()))
+      dict(qd.MOSAIC_LEAN_EIGHT.mosaic_options, narrow_scores=True, narrow_values=True).items()),
+      kivi_narrow_scores=True)  # KIVI's INT2 pools' score wgmma 8 wide too since s46
   if qd._multiprocessors(big) == 132:  # an H200's (or a CPU's stand-in): 4 x 132 slots hold 128 pairs x 4 splits
     assert qd.mosaic_splits(128, 306, big) == 4 and qd.mosaic_splits(128, 306, qd.MOSAIC_FOUR_WARPGROUPS) == 8
     # since s38: batch 60's 240 pairs at 2 splits (a CTA two pairs' splits), 4 before
@@ -221,6 +222,10 @@ def test_pool_options_keep_permuted_keys_to_int2():
   kivi_narrow = qd.pool_options(narrow, 2, kivi=True, kivi_narrow_scores=True)
   assert kivi_narrow["narrow_scores"] and "narrow_values" not in kivi_narrow
   assert "narrow_scores" not in qd.pool_options(narrow, 4, kivi=True, kivi_narrow_scores=True)
+  # the large-batch default asks for them since s46; "pallas:mosaic_kivi_wide" does not
+  assert qd.LARGE_BATCH_MOSAIC["kivi_narrow_scores"] and qd.large_batch(qd.DecodeConfig()).kivi_narrow_scores
+  assert not qd.MOSAIC_KIVI_WIDE.kivi_narrow_scores
+  assert not qd.for_launch(qd.MOSAIC_KIVI_WIDE, 128, 1 << 16, interpret=False).kivi_narrow_scores
   paired = dict(qd.MOSAIC_PAIRED.mosaic_options)  # two steps under one softmax (s38): INT2 windows' pools only
   assert qd.pool_options(paired, 2, kivi=False) == paired and paired["steps_per_block"] == 2
   for bits, kivi in ((4, False), (2, True), (4, True)):
