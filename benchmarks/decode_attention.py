@@ -511,6 +511,7 @@ VARIANTS = {
     # s45: INT2 windows' pools with 3 and 4 pipeline stages (more bytes in flight; H100-slower in s36)
     "mosaic_s3": qd.MOSAIC_STAGES3,
     "mosaic_s4": qd.MOSAIC_STAGES4,
+    "mosaic_spread": qd.MOSAIC_SPREAD,  # (s46) a group's copies issued by its warp g % 4
     "mosaic_wide_output": qd.MOSAIC_WIDE_OUTPUT,  # (s46) the partials 16 columns wide, 8 empty, as until s46
     "mosaic_kivi_wide": qd.MOSAIC_KIVI_WIDE,  # KIVI's INT2 pools' score wgmma 16 wide (until s46; since, 8)
     # s33: the large-batch configuration's merge as one program a (request, KV head) (the combine's grid before

@@ -62,6 +62,8 @@
 #   bash benchmarks/kernel_experiments.sh narrow_out  # (s46) 8-column partials against s45's 16: 32k rows, 7B step
 #   bash benchmarks/kernel_experiments.sh h100_next  # (s46) knockout, then the 7B step with 16-column partials and
 #                                                   # KIVI's narrow scores beside the default (~9 min)
+#   bash benchmarks/kernel_experiments.sh spread    # (s46) a group's copies by its warp g % 4: kernel, 7B step (C too)
+#   bash benchmarks/kernel_experiments.sh h200_steps  # (s46) an H200's 7B step at 32 x 100, the s46 variants beside
 #   bash benchmarks/kernel_experiments.sh depth_step  # (s45) the 7B step at 32 x 100 with 3 and 4 stages
 #   bash benchmarks/kernel_experiments.sh kivi_narrow  # (s45; s46 H100: 2.8 %, the default) kivi2's 32 x 100
 #                                                   # step, KIVI's score wgmma 8 wide against 16
@@ -343,11 +345,13 @@ case "${1:-}" in
       --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both wg4_large_batch_ftz_lean_folded_eight_narrow_both_s3 \
       wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4 wg4_large_batch_ftz_lean_folded_eight \
       wg4_large_batch_ftz_lean_folded_eight_vldsm wg4_large_batch_ftz_lean_folded_eight_paired \
-      ${ko_variants} --tag mosaic_int2_${tag}_depth || echo "(stopped: depth, kernels)"
+      wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread ${ko_variants} --tag mosaic_int2_${tag}_depth \
+      || echo "(stopped: depth, kernels)"
     for shape_runs in 60,32768:32 8,32768:64; do
       shape=${shape_runs%:*}
       timeout 130 python benchmarks/decode_attention.py --variant-shape $shape --variant-plans mix,int2 --no-sweep \
-        --variants default,mosaic_s3,mosaic_s4,mosaic_wide_output --inner 1 --back-to-back ${shape_runs#*:} --gpu-time \
+        --variants default,mosaic_s3,mosaic_s4,mosaic_spread,mosaic_wide_output --inner 1 \
+        --back-to-back ${shape_runs#*:} --gpu-time \
         --out "$out" \
         --tag ${tag}_depth_${shape/,/x} --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' \
         || echo "(stopped: depth $shape)"
@@ -370,6 +374,21 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_wide_output --methods fp16 windowquant --out "$out" --budget-s 250 \
       --tag ${tag}_narrow_out_step || echo "(stopped: narrow_out, the 7B step)" ;;
+  spread)  # (s46) each warpgroup's copies issued by its warp g % 4 ("pallas:mosaic_spread"): the INT2 kernel at batch
+           # 32 and 60 (float64 checks first), then the 7B step at 32 x 100: windowquant, kivi2 and C (its paged Mosaic
+           # launches issue twelve copies a step) under "pallas" and "pallas:mosaic_spread", fp16 beside
+    timeout 100 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
+      --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both \
+      wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread --tag mosaic_int2_${tag}_spread || echo "(stopped: spread, kernels)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 420 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_spread --methods fp16 windowquant kivi2 C --out "$out" --budget-s 380 \
+      --tag ${tag}_spread_step || echo "(stopped: spread, the 7B step)" ;;
+  h200_steps)  # (s46, an H200's second call) the 7B step at 32 x 100: fp16, windowquant, kivi2 and C under "pallas",
+               # spread copies, 4 stages and KIVI's wide scores
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 560 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_spread pallas:mosaic_stages4 pallas:mosaic_kivi_wide \
+      --methods fp16 windowquant kivi2 C --out "$out" --budget-s 520 --tag ${tag}_h200_steps \
+      || echo "(stopped: h200_steps)" ;;
   h100_next)  # (s46, an H100's one call, ~9 min) `knockout`, then the 7B step at 32 x 100: fp16, windowquant and
               # kivi2 under "pallas", s45's 16-column partials and KIVI's score wgmma 16 wide (s46 ran it with KIVI's
               # narrow scores as "pallas:mosaic_kivi_narrow", before they became the default)
@@ -405,6 +424,6 @@ case "${1:-}" in
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
      echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
-     echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next" >&2
+     echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps" >&2
      exit 2 ;;
 esac

@@ -229,10 +229,13 @@ def _mosaic_set(q, layer, bits: int, large: qd.DecodeConfig, interpret: bool):
 
 
 def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeConfig = PAGED,
-                       interpret: bool | None = None, mosaic: tuple[int, ...] | None = None) -> Float[Array, "B K G H"]:
+                       interpret: bool | None = None, mosaic: tuple[int, ...] | None = None,
+                       mosaic_config: qd.DecodeConfig | None = None) -> Float[Array, "B K G H"]:
   """softmax(qg . K^T) V over one layer of ablation C's cache (`wq_jax.interleaved.InterleavedLayer`), qg
   pre-scaled (float32), in float32. `mosaic`: the quantized formats read by the Mosaic GPU kernel (JAX >= 0.11)
-  through the page table, the others by this kernel; None: `mosaic_formats`'s choice."""
+  through the page table, the others by this kernel; None: `mosaic_formats`'s choice. `mosaic_config`: the
+  configuration whose large launches those take (as `quantized_decode.for_launch` gives them: the pools'
+  default's, or a registered variant's, so that a variant times C as it times the pools)."""
   interpret = jax.default_backend() == "cpu" if interpret is None else interpret
   b, kh, g, h = qg.shape
   reason = unreadable(layer, h, interpret)
@@ -282,7 +285,9 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
   triton = (o.reshape(*shape, h), m.reshape(shape), l.reshape(shape))
   if not mosaic:
     return qd.combine_splits(*triton)[:, :, :g]
-  large = qd.large_batch(qd.DecodeConfig())  # the Mosaic launches and the merged combine, as the pools take them
+  # the Mosaic launches and the merged combine, as the pools take them
+  base = qd.DecodeConfig() if mosaic_config is None else mosaic_config
+  large = base if base.int2_mosaic else qd.large_batch(base)
   sets = [triton, *(_mosaic_set(scaled, layer, bits, large, interpret) for bits in mosaic)]
   if large.fused_combine:
     return qd.combine_kernel(sets, g, config=large, interpret=interpret)

@@ -1125,7 +1125,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 folded_minimums: bool = False, eight_column_softmax: bool = False, values_by_ldmatrix: bool = False,
                 token_scaled_p: bool = False, paired_steps: bool = False, narrow_scores: bool = False,
                 narrow_values: bool = False, max_windows: int | None = None, range_params=None,
-                paged: bool = False, knockout: str = "", sixteen_columns_out: bool = False):
+                paged: bool = False, knockout: str = "", sixteen_columns_out: bool = False,
+                fetch_warp_by_group: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, C] (unnormalized, f32), m and l [N, J, C].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1244,6 +1245,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   than the wide one and the 7B step at 32 x 100 3.3 % (s39, one run each): the default for INT2 windows' pools
   since s39 (`quantized_decode.MOSAIC_DEFAULT`; "pallas:mosaic_wide" runs s38's).
 
+  `fetch_warp_by_group` (with `fetch_by_one_warp`): warpgroup g's copies are issued by its warp g % 4, not its warp 0.
+  Warp w of a CTA runs on the multiprocessor's scheduler w % 4, so every warpgroup's warp 0 sat on scheduler 0,
+  which issued the four groups' copy set-up (57 SASS a step, mostly uniform ops, beside the 350 of a step's common
+  path; 12 copies, ~110, for `paged`) on top of its own share, while the warpgroups' barriers a step wait for their
+  slowest warp: spread, each scheduler carries one group's (s46, untimed).
+
   `sixteen_columns_out`: the outputs 16 columns wide even with `eight_column_softmax` (8-15 empty), as before s46,
   for a comparison in one run.
 
@@ -1354,6 +1361,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if bias_rows > MAX_BIAS_ROWS:
     raise ValueError(f"bias_in_kernel holds at most {MAX_BIAS_ROWS} windows a split, got {bias_rows}")
   groups = warpgroups
+  if fetch_warp_by_group and not fetch_by_one_warp:
+    raise ValueError("fetch_warp_by_group: which warp issues a group's copies, with fetch_by_one_warp")
   if fetch_by_one_warp and groups == 1:
     raise ValueError("fetch_by_one_warp: the four-warpgroup pipeline's (warpgroups > 1); emit_pipeline issues its own")
   if groups > 1 and (defer_values_wgmma or bias_in_kernel or keys_in_smem or cta_splits(splits, groups, n) != splits):
@@ -1913,7 +1922,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         carry = block((index,), *(b.at[slot] for b in buffers), carry)
         # The block's reads of the slot precede its last commit_smem (a barrier of the warpgroup).
         if fetch_by_one_warp and interpret is None:  # the other warps branch around the copies' set-up
-          plgpu.warp_map(lambda warp: pl.when((warp == 0) & (index + stages < my_blocks))(
+          issuer = lax.rem(wg, 4) if fetch_warp_by_group else 0  # `fetch_warp_by_group`: a scheduler a group's
+          plgpu.warp_map(lambda warp: pl.when((warp == issuer) & (index + stages < my_blocks))(
               lambda: fetch(index + stages)))
         else:
           pl.when(index + stages < my_blocks)(lambda: fetch(index + stages))
@@ -2248,6 +2258,11 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4": dict(
         _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
         eight_column_softmax=True, narrow_scores=True, narrow_values=True, stages=4),
+    # (s46) the default's kernel with each warpgroup's copies issued by its warp g % 4 (`fetch_warp_by_group`): one
+    # group's copy set-up a scheduler, where scheduler 0 issued all four groups'
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread": dict(
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True),
     # (s46) diagnostics, wrong by design (`knockout`): the default's kernel with the keys', the values' or both
     # register operands constant, every byte still moved by TMA: what the conversions cost on a card
     **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_ko_{what}": dict(

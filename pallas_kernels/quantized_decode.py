@@ -395,6 +395,10 @@ MOSAIC_STAGES3, MOSAIC_STAGES4 = (dataclasses.replace(MOSAIC_DEFAULT, mosaic_opt
 # (s45) KIVI's INT2 pools' score wgmma 8 wide (`kivi_narrow_scores`), the default since s46; "pallas:mosaic_kivi_wide"
 # runs it 16 wide, as until s46 (H100: kivi2's 7B step at 32 x 100 9.142 ms against the default's 8.883)
 MOSAIC_KIVI_WIDE = dataclasses.replace(MOSAIC_DEFAULT, kivi_narrow_scores=False)
+# (s46) The default with each warpgroup's copies issued by its warp g % 4, one group's a scheduler (`mosaic_int2`'s
+# `fetch_warp_by_group`; every group's warp 0 sat on scheduler 0), for every Mosaic launch, C's paged ones too
+MOSAIC_SPREAD = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
+    dict(MOSAIC_DEFAULT.mosaic_options, fetch_warp_by_group=True).items()))
 # (s46) The default with the Mosaic launches' partials 16 columns wide, 8 of them empty, as they were until s46 (the
 # eight-column softmax's outputs are 8 since): the comparison in one run (`kernel_experiments.sh narrow_out`)
 MOSAIC_WIDE_OUTPUT = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(

@@ -57,6 +57,7 @@
     "pallas:mosaic_kivi_wide"  the default, KIVI's INT2 pools' score wgmma 16 columns wide (until s46; since, 8
                                wide: kivi2's step at 32 x 100 2.8 % faster on an H100)
     "pallas:mosaic_wide_output"  the default, its Mosaic launches' partials 16 columns wide, 8 empty (until s46)
+    "pallas:mosaic_spread"  the default, each warpgroup's copies issued by its warp g % 4, not its warp 0 (s46)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
     "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)
@@ -67,7 +68,8 @@ Ablation C's unreordered cache (`wq_jax.interleaved`) is not a `LayerCache`: und
 `decode_attention` reads it with `interleaved_decode.py`'s paged kernel (one format at a time through the
 cache's page table; since session 41 its INT4 and INT2 windows through the Mosaic kernel's page table where the
 reordered pools of those widths take that kernel, except under "pallas:triton", which keeps the Triton paged
-kernel for every format), and with XLA's every-format reader where that kernel cannot read it (float32 caches).
+kernel for every format; since s46 those Mosaic launches take the name's configuration, as its pools do), and with
+XLA's every-format reader where that kernel cannot read it (float32 caches).
 
 On a CPU backend the same kernels run with `interpret=True` (that is how CI
 tests them; the Mosaic GPU kernel in Mosaic GPU's interpret mode, under JAX >= 0.11).
@@ -156,3 +158,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_stages4", quantized_decode.MOSAIC_STAGES4)
   register_variant("pallas:mosaic_kivi_wide", quantized_decode.MOSAIC_KIVI_WIDE)
   register_variant("pallas:mosaic_wide_output", quantized_decode.MOSAIC_WIDE_OUTPUT)
+  register_variant("pallas:mosaic_spread", quantized_decode.MOSAIC_SPREAD)

@@ -88,7 +88,9 @@ def test_pallas_attention_reads_the_interleaved_cache(monkeypatch):
   b = attention.decode_attention(q, c.layer(0), implementation="pallas")
   np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), rtol=1e-2, atol=1e-2)
   attention.decode_attention(q, c.layer(0), implementation="pallas:triton")
-  assert asked == [dict(mosaic=None), dict(mosaic=())]
+  from pallas_kernels.registration import CONFIGS  # its Mosaic launches take the name's configuration (s46)
+  assert asked == [dict(mosaic=None, mosaic_config=CONFIGS["pallas"]),
+                   dict(mosaic=(), mosaic_config=CONFIGS["pallas:triton"])]
   f32 = _random_cache(jnp.float32, batch=1, kv=2, h=64, s=8, w=4, seed=6)
   q32 = q[:1].astype(jnp.float32)
   with pytest.warns(UserWarning, match="16-bit caches"):

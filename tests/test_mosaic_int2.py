@@ -197,14 +197,18 @@ def c_layer(seed, batch, kv_heads, groups, plan, capacity=8):
   return layer, q, k, v, valid
 
 
-@pytest.mark.parametrize("mosaic", [(), (2,), (4,), (4, 2)])
-def test_ablation_c_through_both_kernels(interpret, mosaic):
+@pytest.mark.parametrize("mosaic,variant", [((), None), ((2,), None), ((4,), None), ((4, 2), None),
+                                            ((4, 2), "MOSAIC_WIDE_OUTPUT")])
+def test_ablation_c_through_both_kernels(interpret, mosaic, variant):
   """Ablation C's layer (`interleaved_decode`): the formats in `mosaic` through the Mosaic kernel's paged reading,
   the others and the rest through the Triton kernel (interpret modes), the sets merged by the combine, against
-  float64 attention over every window in original order and the rest."""
+  float64 attention over every window in original order and the rest; with a variant's Mosaic configuration
+  (s46: 16-column partials, as until then)."""
   from pallas_kernels import interleaved_decode as paged
+  from pallas_kernels import quantized_decode as qd
   layer, q, k, v, valid = c_layer(19, 2, 2, 7, [2, 16, 4, 2, 2, 4, 16, 2, 4, 2, 2])
-  out = np.asarray(paged.interleaved_decode(q, layer, interpret=True, mosaic=mosaic))
+  out = np.asarray(paged.interleaved_decode(q, layer, interpret=True, mosaic=mosaic,
+                                            mosaic_config=getattr(qd, variant) if variant else None))
   logits = np.where(valid[:, None, None], np.einsum("bkgh,bkth->bkgt", q.astype(np.float64), k), -np.inf)
   p = np.exp(logits - logits.max(axis=-1, keepdims=True))
   want = np.einsum("bkgt,bkth->bkgh", p / p.sum(axis=-1, keepdims=True), v)
@@ -475,6 +479,11 @@ def test_splits_and_window_parities_merge(interpret):
                                           splits=2),  # the default at batch >= 45: a CTA two pairs' splits
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"],
                                           ranged=True, bits=4, permuted_keys=False),
+                                     # (s46) a group's copies issued by its warp g % 4: a range, and C's pages
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread"],
+                                          ranged=True),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread"],
+                                          paged=True, splits=4),
                                      # ablation C's windows through a page table (INT2, and INT4's as configured)
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"], paged=True,
                                           splits=4),

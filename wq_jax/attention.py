@@ -115,7 +115,9 @@ def _interleaved(qg, layer: InterleavedLayer, implementation: str, mesh) -> jax.
     from pallas_kernels import interleaved_decode as paged
     reason = paged.unreadable(layer, qg.shape[-1], interpret=jax.default_backend() == "cpu")
     if reason is None:  # "pallas:triton": the Triton paged kernel for every format, as for the pools
-      return paged.interleaved_decode(qg, layer, mosaic=() if implementation == "pallas:triton" else None)
+      from pallas_kernels.registration import CONFIGS  # a variant's Mosaic launches, as its pools take them
+      return paged.interleaved_decode(qg, layer, mosaic=() if implementation == "pallas:triton" else None,
+                                      mosaic_config=CONFIGS.get(implementation))
     warnings.warn(f"ablation C under {implementation!r}: the paged kernel cannot read this cache ({reason}); "
                   "XLA's reader instead", stacklevel=3)
   return interleaved_attention(qg, layer)
