@@ -63,6 +63,7 @@
 #   bash benchmarks/kernel_experiments.sh h100_next  # (s46) knockout, then the 7B step with 16-column partials and
 #                                                   # KIVI's narrow scores beside the default (~9 min)
 #   bash benchmarks/kernel_experiments.sh spread    # (s46) a group's copies by its warp g % 4: kernel, 7B step (C too)
+#   bash benchmarks/kernel_experiments.sh h200_short  # (s46) kernels (spread, knockouts, ...) and the step, ~6 min
 #   bash benchmarks/kernel_experiments.sh h200_steps  # (s46) an H200's 7B step at 32 x 100, the s46 variants beside
 #   bash benchmarks/kernel_experiments.sh depth_step  # (s45) the 7B step at 32 x 100 with 3 and 4 stages
 #   bash benchmarks/kernel_experiments.sh kivi_narrow  # (s45; s46 H100: 2.8 %, the default) kivi2's 32 x 100
@@ -383,6 +384,18 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 420 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_spread --methods fp16 windowquant kivi2 C --out "$out" --budget-s 380 \
       --tag ${tag}_spread_step || echo "(stopped: spread, the 7B step)" ;;
+  h200_short)  # (s46, an H200 with ~6 minutes of budget) the INT2 kernel at batch 32 and 60: the default, spread
+               # copies, 4 stages, V's codes by ldmatrix.trans and paired steps against their base, the knockouts; then the
+               # 7B step at 32 x 100: fp16, windowquant under "pallas" and spread copies, kivi2
+    timeout 170 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
+      --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both \
+      wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4 \
+      wg4_large_batch_ftz_lean_folded_eight \
+      wg4_large_batch_ftz_lean_folded_eight_vldsm wg4_large_batch_ftz_lean_folded_eight_paired ${ko_variants} \
+      --tag mosaic_int2_${tag}_short || echo "(stopped: h200_short, kernels)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 200 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_spread --methods fp16 windowquant kivi2 --out "$out" --budget-s 170 \
+      --tag ${tag}_short_step || echo "(stopped: h200_short, step)" ;;
   h200_steps)  # (s46, an H200's second call) the 7B step at 32 x 100: fp16, windowquant, kivi2 and C under "pallas",
                # spread copies, 4 stages and KIVI's wide scores
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 560 python -m benchmarks.decode_throughput --settings 32x100 \
@@ -425,5 +438,6 @@ case "${1:-}" in
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
      echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
      echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps" >&2
+     echo "h200_short" >&2
      exit 2 ;;
 esac
