@@ -385,8 +385,8 @@ case "${1:-}" in
       --attention pallas pallas:mosaic_spread --methods fp16 windowquant kivi2 C --out "$out" --budget-s 380 \
       --tag ${tag}_spread_step || echo "(stopped: spread, the 7B step)" ;;
   h200_short)  # (s46, an H200 with ~6 minutes of budget) the INT2 kernel at batch 32 and 60: the default, spread
-               # copies, 4 stages, V's codes by ldmatrix.trans and paired steps against their base, the knockouts; then the
-               # 7B step at 32 x 100: fp16, windowquant under "pallas" and spread copies, kivi2
+               # copies, 4 stages, V's codes by ldmatrix.trans and paired steps against their base, the knockouts;
+               # then the 7B step at 32 x 100: fp16, windowquant under "pallas" and spread copies, kivi2
     timeout 170 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
       --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both \
       wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4 \
