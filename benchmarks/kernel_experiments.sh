@@ -64,11 +64,11 @@
 #                                                   # KIVI's narrow scores beside the default (~9 min)
 #   bash benchmarks/kernel_experiments.sh spread    # (s46) a group's copies by its warp g % 4: kernel, 7B step (C too)
 #   bash benchmarks/kernel_experiments.sh h200_short  # (s46) kernels (spread, knockouts, ...) and the step, ~6 min
-#   bash benchmarks/kernel_experiments.sh h200_steps  # (s46) an H200's 7B step at 32 x 100, the s46 variants beside
+#   bash benchmarks/kernel_experiments.sh h200_steps  # (s46) an H200's 7B step at 32 x 100, s46's variants beside
 #   bash benchmarks/kernel_experiments.sh depth_step  # (s45) the 7B step at 32 x 100 with 3 and 4 stages
 #   bash benchmarks/kernel_experiments.sh kivi_narrow  # (s45; s46 H100: 2.8 %, the default) kivi2's 32 x 100
 #                                                   # step, KIVI's score wgmma 8 wide against 16
-#   bash benchmarks/kernel_experiments.sh h200_next  # (s45) depth, then the 7B step with both: one H200 call, ~6 min
+#   bash benchmarks/kernel_experiments.sh h200_next  # (s45; s46: `depth` alone, ~7 min) then h200_steps
 #   bash benchmarks/kernel_experiments.sh ncu_h200  # (s45) the INT2 kernel (2 and 4 stages) under ncu on an H200
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
@@ -380,7 +380,8 @@ case "${1:-}" in
            # launches issue twelve copies a step) under "pallas" and "pallas:mosaic_spread", fp16 beside
     timeout 100 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
       --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both \
-      wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread --tag mosaic_int2_${tag}_spread || echo "(stopped: spread, kernels)"
+      wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread --tag mosaic_int2_${tag}_spread \
+      || echo "(stopped: spread, kernels)"
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 420 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_spread --methods fp16 windowquant kivi2 C --out "$out" --budget-s 380 \
       --tag ${tag}_spread_step || echo "(stopped: spread, the 7B step)" ;;
@@ -396,11 +397,11 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 200 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_spread --methods fp16 windowquant kivi2 --out "$out" --budget-s 170 \
       --tag ${tag}_short_step || echo "(stopped: h200_short, step)" ;;
-  h200_steps)  # (s46, an H200's second call) the 7B step at 32 x 100: fp16, windowquant, kivi2 and C under "pallas",
-               # spread copies, 4 stages and KIVI's wide scores
+  h200_steps)  # (s46, an H200's second call, after h200_next) issue 6's 7B step at 32 x 100: fp16, windowquant, kivi2
+               # and C under "pallas", spread copies, 4 stages and KIVI's 16-wide scores (~6 min)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 560 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_spread pallas:mosaic_stages4 pallas:mosaic_kivi_wide \
-      --methods fp16 windowquant kivi2 C --out "$out" --budget-s 520 --tag ${tag}_h200_steps \
+      --methods fp16 windowquant kivi2 C --out "$out" --budget-s 500 --tag ${tag}_h200_steps \
       || echo "(stopped: h200_steps)" ;;
   h100_next)  # (s46, an H100's one call, ~9 min) `knockout`, then the 7B step at 32 x 100: fp16, windowquant and
               # kivi2 under "pallas", s45's 16-column partials and KIVI's score wgmma 16 wide (s46 ran it with KIVI's
@@ -418,14 +419,10 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_kivi_wide --methods kivi2 --out "$out" --budget-s 260 \
       --tag ${tag}_kivi_narrow || echo "(stopped: kivi_narrow)" ;;
-  h200_next)  # (s45, the next H200's one call, ~6 min) `depth` (the INT2 kernel with 2-4 stages, ldmatrix.trans and
-              # paired steps against their bases; issue 5's 32k rows at batch 60 and 8 with 3 and 4 stages), then the
-              # 7B step at 32 x 100: fp16, windowquant and kivi2 under "pallas", 4 stages and KIVI's wide scores
-              # (s46: with the knockouts in `depth`, and KIVI's narrow scores the default)
-    "$0" depth || echo "(stopped: h200_next, depth)"
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_stages4 pallas:mosaic_kivi_wide --methods fp16 windowquant kivi2 \
-      --out "$out" --budget-s 250 --tag ${tag}_next_step || echo "(stopped: h200_next, step)" ;;
+  h200_next)  # (s45; since s46 `depth` alone, ~7 min) the INT2 kernel with 2-4 stages, ldmatrix.trans and paired steps
+              # against their bases, spread copies and the knockouts; issue 5's 32k rows at batch 60 and 8 with 3 and 4
+              # stages, spread copies and 16-column partials. Then `h200_steps` on the same machine
+    "$0" depth || echo "(stopped: h200_next, depth)" ;;
   ncu_h200)  # (s45) the default INT2 kernel and 4 stages under Nsight Compute on an H200 (every ncu profile since s26
              # was an H100's, where the kernel streams 80 % of the copy): batch 32 x 19,968, 4 splits
     for v in wg4_large_batch_ftz_lean_folded_eight_narrow_both wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4; do
