@@ -68,7 +68,8 @@
 #   bash benchmarks/kernel_experiments.sh depth_step  # (s45) the 7B step at 32 x 100 with 3 and 4 stages
 #   bash benchmarks/kernel_experiments.sh kivi_narrow  # (s45; s46 H100: 2.8 %, the default) kivi2's 32 x 100
 #                                                   # step, KIVI's score wgmma 8 wide against 16
-#   bash benchmarks/kernel_experiments.sh h200_next  # (s45; s46: `depth` alone, ~7 min) then h200_steps
+#   bash benchmarks/kernel_experiments.sh h200_next  # (s45; s46: kivi_check and depth, ~8 min) then h200_steps
+#   bash benchmarks/kernel_experiments.sh kivi_check  # (s46) KIVI's narrow INT2 kernel against float64 on a device
 #   bash benchmarks/kernel_experiments.sh ncu_h200  # (s45) the INT2 kernel (2 and 4 stages) under ncu on an H200
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
@@ -419,9 +420,16 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_kivi_wide --methods kivi2 --out "$out" --budget-s 260 \
       --tag ${tag}_kivi_narrow || echo "(stopped: kivi_narrow)" ;;
-  h200_next)  # (s45; since s46 `depth` alone, ~7 min) the INT2 kernel with 2-4 stages, ldmatrix.trans and paired steps
-              # against their bases, spread copies and the knockouts; issue 5's 32k rows at batch 60 and 8 with 3 and 4
-              # stages, spread copies and 16-column partials. Then `h200_steps` on the same machine
+  kivi_check)  # (s46) KIVI's INT2 kernel with the 8-wide score wgmma (the default since s46, timed on an H100 in the 7B
+               # step, checked in the interpret mode) against float64 on the device, beside s45's, at batch 32
+    timeout 90 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --kivi --batches 32 --out "$out" \
+      --variants wg4_large_batch_ftz_kivi_eight_scaled_p wg4_large_batch_ftz_kivi_eight_scaled_p_narrow \
+      --tag mosaic_kivi_${tag}_narrow_check || echo "(stopped: kivi_check)" ;;
+  h200_next)  # (s45; since s46 `kivi_check` and `depth`, ~8 min) KIVI's narrow kernel against float64; the INT2 kernel
+              # with 2-4 stages, ldmatrix.trans and paired steps against their bases, spread copies and the knockouts;
+              # issue 5's 32k rows at batch 60 and 8 with 3 and 4 stages, spread copies and 16-column partials. Then
+              # `h200_steps` on the same machine
+    "$0" kivi_check || echo "(stopped: h200_next, kivi_check)"
     "$0" depth || echo "(stopped: h200_next, depth)" ;;
   ncu_h200)  # (s45) the default INT2 kernel and 4 stages under Nsight Compute on an H200 (every ncu profile since s26
              # was an H100's, where the kernel streams 80 % of the copy): batch 32 x 19,968, 4 splits
@@ -435,6 +443,6 @@ case "${1:-}" in
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
      echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
      echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps" >&2
-     echo "h200_short" >&2
+     echo "h200_short kivi_check" >&2
      exit 2 ;;
 esac

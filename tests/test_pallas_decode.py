@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pallas_kernels import mosaic_int2 as mi
 from pallas_kernels import quantized_decode as qd
 from pallas_kernels import registration
 from wq_jax import attention, cache
@@ -226,6 +227,11 @@ def test_pool_options_keep_permuted_keys_to_int2():
   assert qd.LARGE_BATCH_MOSAIC["kivi_narrow_scores"] and qd.large_batch(qd.DecodeConfig()).kivi_narrow_scores
   assert not qd.MOSAIC_KIVI_WIDE.kivi_narrow_scores
   assert not qd.for_launch(qd.MOSAIC_KIVI_WIDE, 128, 1 << 16, interpret=False).kivi_narrow_scores
+  # what `kernel_experiments.sh kivi_check` holds to float64 on a device is the default's KIVI INT2 kernel
+  default_kivi2 = qd.pool_options(dict(qd.MOSAIC_DEFAULT.mosaic_options), 2, kivi=True, kivi_token_scaled=True,
+                                  kivi_narrow_scores=True)
+  set_options = lambda options: {k: v for k, v in options.items() if v}
+  assert set_options(default_kivi2) == set_options(mi.VARIANTS["wg4_large_batch_ftz_kivi_eight_scaled_p_narrow"])
   paired = dict(qd.MOSAIC_PAIRED.mosaic_options)  # two steps under one softmax (s38): INT2 windows' pools only
   assert qd.pool_options(paired, 2, kivi=False) == paired and paired["steps_per_block"] == 2
   for bits, kivi in ((4, False), (2, True), (4, True)):
