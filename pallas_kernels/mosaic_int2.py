@@ -1248,8 +1248,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   `fetch_warp_by_group` (with `fetch_by_one_warp`): warpgroup g's copies are issued by its warp g % 4, not its warp 0.
   Warp w of a CTA runs on the multiprocessor's scheduler w % 4, so every warpgroup's warp 0 sat on scheduler 0,
   which issued the four groups' copy set-up (57 SASS a step, mostly uniform ops, beside the 350 of a step's common
-  path; `paged`: 12 copies, 180 beside 352) on top of its own share, while the warpgroups' barriers a step wait for their
-  slowest warp: spread, each scheduler carries one group's (s46, untimed).
+  path; `paged`: 12 copies, 180 beside 352) on top of its own share, while the warpgroups' barriers a step wait for
+  their slowest warp: spread, each scheduler carries one group's (s46, untimed).
 
   `sixteen_columns_out`: the outputs 16 columns wide even with `eight_column_softmax` (8-15 empty), as before s46,
   for a comparison in one run.
