@@ -431,9 +431,11 @@ case "${1:-}" in
               # `h200_steps` on the same machine
     "$0" kivi_check || echo "(stopped: h200_next, kivi_check)"
     "$0" depth || echo "(stopped: h200_next, depth)" ;;
-  ncu_h200)  # (s45) the default INT2 kernel and 4 stages under Nsight Compute on an H200 (every ncu profile since s26
-             # was an H100's, where the kernel streams 80 % of the copy): batch 32 x 19,968, 4 splits
-    for v in wg4_large_batch_ftz_lean_folded_eight_narrow_both wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4; do
+  ncu_h200)  # (s45) the default INT2 kernel and (s46) spread copies under Nsight Compute on an H200 (every ncu profile
+             # since s26 was an H100's, where the kernel streams 80 % of the copy): batch 32 x 19,968, 4 splits; the
+             # per-scheduler issue counts say whether scheduler 0 carried the copies (s46's reading of the SASS)
+    base=wg4_large_batch_ftz_lean_folded_eight_narrow_both
+    for v in $base ${base}_spread; do
       timeout 170 python benchmarks/kernel_ncu.py profile --plans mosaic_int2 --kernel kernel_mosaic --variant "$v" \
         --batch 32 --tokens 19968 --splits 4 --out "$out/ncu_h200" --summary || echo "(stopped: ncu $v)"
     done

@@ -34,6 +34,9 @@ from pathlib import Path
 
 SECTIONS = ["SpeedOfLight", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats", "WarpStateStats",
             "SchedulerStats", "InstructionStats", "SourceCounters", "ComputeWorkloadAnalysis"]
+# Instructions issued a scheduler (SM sub-partition), spread over the device's: where warps of one scheduler carry
+# work the others do not (s46: every warpgroup's warp 0 issuing its copies), max stands above avg
+SCHEDULER_SPREAD = ["smsp__inst_executed.max", "smsp__inst_executed.avg", "smsp__inst_executed.min"]
 
 
 def call(plan: str, batch: int, tokens: int, variant: str, splits: int = 8) -> None:
@@ -78,6 +81,7 @@ def profile(args) -> None:
     rep = out / f"{plan}_b{args.batch}_t{args.tokens}_{args.variant}"
     cmd = [ncu, "--clock-control", "none", "--kernel-name", f"regex:{args.kernel}", "--launch-count", "4",
            "-f", "-o", str(rep), *[a for s in SECTIONS for a in ("--section", s)],
+           "--metrics", ",".join(SCHEDULER_SPREAD),
            "--import-source", "no", sys.executable, __file__, "call", "--plan", plan, "--batch", str(args.batch),
            "--tokens", str(args.tokens), "--variant", args.variant, "--splits", str(args.splits)]
     log.append("$ " + " ".join(cmd))
@@ -163,6 +167,11 @@ def summarize(prefix: str, notes: tuple[str, ...] = ()) -> str:
   raw = list(csv.reader(open(f"{prefix}_raw.csv")))
   shared = {h: v for h, v in zip(raw[0], raw[2]) if h in _SHARED_PIPE}  # which part of the L1/TEX is busy
   lines += [f"| {h.split('.')[0]} (% of peak) | {_number(shared[h]):.1f} |" for h in _SHARED_PIPE if h in shared]
+  spread = {h: _number(v) for h, v in zip(raw[0], raw[2]) if h in SCHEDULER_SPREAD}
+  if len(spread) == len(SCHEDULER_SPREAD):  # max / avg over the device's schedulers: 1 where balanced
+    high, mean, low = (spread[h] for h in SCHEDULER_SPREAD)
+    lines.append(f"| instructions a scheduler: max / avg / min (max / avg) | {high:,.0f} / {mean:,.0f} / {low:,.0f} "
+                 f"({high / mean:.3f}) |")
   stalls = {h.split("smsp__average_warps_issue_stalled_")[1].split("_per_issue")[0]: _number(v)
             for h, v in zip(raw[0], raw[2]) if h.startswith("smsp__average_warps_issue_stalled_")
             and h.endswith("per_issue_active.ratio")}

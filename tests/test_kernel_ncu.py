@@ -44,13 +44,15 @@ def test_call_runs_the_kernel_once(capsys):
 
 def test_summarize_counts_shared_memory_wavefronts(tmp_path):
   """Where the source page has them: shared-memory wavefronts by instruction (with its suffixes), per loop
-  iteration and per executed instruction, and the data pipe's share of the raw page's L1/TEX metrics."""
+  iteration and per executed instruction, the data pipe's share of the raw page's L1/TEX metrics, and the spread
+  of instructions over the schedulers."""
   prefix = tmp_path / "mosaic"
   head = ["ID", "Kernel Name", "Block Size", "Grid Size", "Section Name", "Metric Name", "Metric Unit", "Metric Value"]
   _write(f"{prefix}_details.csv", [head, ["0", "kernel_mosaic", "(512, 1, 1)", "(128, 1, 1)", "SOL", "Duration", "us",
                                           "153.3"]])
-  _write(f"{prefix}_raw.csv", [["l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed"], ["%"],
-                               ["80.03"]])
+  _write(f"{prefix}_raw.csv", [["l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed",
+                                *kernel_ncu.SCHEDULER_SPREAD], ["%", "inst", "inst", "inst"],
+                               ["80.03", "1,160", "1,000", "960"]])
   source = [["Kernel Name", "kernel_mosaic"],
             ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "L1 Wavefronts Shared"]]
   source += [["0x0", "LDS.128 R4, [R2]", "5", "1000", "4000"], ["0x10", "LDS R6, [R2+0x10]", "1", "1000", "1000"],
@@ -59,6 +61,7 @@ def test_summarize_counts_shared_memory_wavefronts(tmp_path):
 
   text = kernel_ncu.summarize(str(prefix))
   assert "| l1tex__data_pipe_lsu_wavefronts (% of peak) | 80.0 |" in text
+  assert "| instructions a scheduler: max / avg / min (max / avg) | 1,160 / 1,000 / 960 (1.160) |" in text
   wavefronts = text.split("Shared-memory wavefronts (5,030)")[1].split("The hottest loop")[0]
   assert "| LDS.128 | 79.5 | 4.0 | 4.00 |" in wavefronts and "| LDS | 19.9 | 1.0 | 1.00 |" in wavefronts
   assert "| STS | 0.6 | 0.0 | 3.00 |" in wavefronts and "HFMA2" not in wavefronts
