@@ -1949,18 +1949,22 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       # The interpret mode's rows are channels in order: row c's group c // 32, its heads in columns 8 (c // 32 % 2)
       group = lax.broadcasted_iota(jnp.int32, (HEAD_DIM, soft), 0) // 32
       heads = jnp.where(group % 2 == 1, acc[:, soft:], acc[:, :soft]) + jnp.repeat(e, 32, axis=0)
-      o_s[...] = heads if out_columns == soft else jnp.concatenate(
-          [heads, jnp.zeros((HEAD_DIM, COLUMNS - soft), jnp.float32)], axis=1)
+      o_s[...] = out_width(heads)
+
+    def out_width(x):  # O^T [128, 8 or 16] -> the output's columns: 8-15 dropped, or (`sixteen_columns_out`) empty
+      if x.shape[1] > out_columns:
+        return x[:, :out_columns]
+      if x.shape[1] < out_columns:
+        return jnp.concatenate([x, jnp.zeros((HEAD_DIM, out_columns - x.shape[1]), jnp.float32)], axis=1)
+      return x
 
     def store(o_s, ml_s):
       if token_scaled_p:
         token_scaled_output(o_s)
       elif transposed_values:  # rows back in channel order on the way out
         _store_in_channel_order(acc, o_s, values_by_ldmatrix, bits, out_columns)
-      elif acc.shape[1] < out_columns:  # `sixteen_columns_out` with the narrow accumulator: 8-15 empty
-        o_s[...] = jnp.concatenate([acc, jnp.zeros((HEAD_DIM, COLUMNS - soft), jnp.float32)], axis=1)
       else:  # O^T's columns as the output has them (`eight_column_softmax`: 8; columns 8-15 of a wide one empty)
-        o_s[...] = acc if acc.shape[1] == out_columns else acc[:, :out_columns]
+        o_s[...] = out_width(acc)
       ml_s[0] = wide_columns(m_run, _NEG)
       ml_s[1] = wide_columns(column_sum(l_rows), 0.0)
       plgpu.commit_smem()

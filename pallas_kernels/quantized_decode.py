@@ -372,13 +372,20 @@ MOSAIC_FOUR_SPLITS = dataclasses.replace(MOSAIC_WIDE, mosaic_min_splits=4)  # s3
 # ("pallas:mosaic_wide") is s38's default.
 MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
     mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"].items()), kivi_narrow_scores=True)
+
+
+def default_with(options: dict, **fields) -> DecodeConfig:
+  """MOSAIC_DEFAULT with these `mosaic_int2` options (and DecodeConfig `fields`) changed: a variant of the default."""
+  options = dict(MOSAIC_DEFAULT.mosaic_options, **options)
+  return dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(options.items()), **fields)
+
+
 # (s43) The default's Mosaic launches with CTAs of two warpgroups, the splits sized for one such CTA a multiprocessor
 # (116 registers a thread offline): at batch 8 x 32k (32 pairs) four warpgroups a CTA take all of an SM's registers,
 # so the Triton launch's memory-bound 16-bit programs cannot run beside the instruction-bound INT2 ones; these CTAs
 # leave half of each SM to them (`decode_attention.py`'s `mosaic_wg2`). Slower on an H100 (s43, one layer at batch
 # 8 x 32k, mix: 115.0 µs against four warpgroups' 105.9, `decode_attention_s43_b8_wg2_h100.md`): not a default.
-MOSAIC_TWO_WARPGROUPS = dataclasses.replace(MOSAIC_DEFAULT, mosaic_programs_per_multiprocessor=2, mosaic_options=tuple(
-    dict(MOSAIC_DEFAULT.mosaic_options, warpgroups=2).items()))
+MOSAIC_TWO_WARPGROUPS = default_with(dict(warpgroups=2), mosaic_programs_per_multiprocessor=2)
 # (s38) The default with a block of two steps under one softmax for INT2 pools (`mosaic_int2`'s `paired_steps`: one
 # vote, barrier and branch a 128 keys); INT4's and KIVI's pools keep a softmax a step. No faster on an H100 (s39:
 # the 7B step at 32 x 100 8.884 ms against 8.848; ncu: 2 % more instructions executed, the offline count's cut being
@@ -390,19 +397,16 @@ MOSAIC_PAIRED = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
 # kernel streams 80 % of the copy; on an H200 it streams 57 % at the same speed as on the H100 (s44), so what bounds
 # it there may be the bytes in flight. s45, H100: the kernel 0.7-3.8 % slower at 3-4 stages
 # (`mosaic_int2_s45_depth_h100.md`); untimed on an H200: `kernel_experiments.sh depth`.
-MOSAIC_STAGES3, MOSAIC_STAGES4 = (dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
-    dict(MOSAIC_DEFAULT.mosaic_options, stages=stages).items())) for stages in (3, 4))
+MOSAIC_STAGES3, MOSAIC_STAGES4 = (default_with(dict(stages=stages)) for stages in (3, 4))
 # (s45) KIVI's INT2 pools' score wgmma 8 wide (`kivi_narrow_scores`), the default since s46; "pallas:mosaic_kivi_wide"
 # runs it 16 wide, as until s46 (H100: kivi2's 7B step at 32 x 100 9.142 ms against the default's 8.883)
-MOSAIC_KIVI_WIDE = dataclasses.replace(MOSAIC_DEFAULT, kivi_narrow_scores=False)
+MOSAIC_KIVI_WIDE = default_with({}, kivi_narrow_scores=False)
 # (s46) The default with each warpgroup's copies issued by its warp g % 4, one group's a scheduler (`mosaic_int2`'s
 # `fetch_warp_by_group`; every group's warp 0 sat on scheduler 0), for every Mosaic launch, C's paged ones too
-MOSAIC_SPREAD = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
-    dict(MOSAIC_DEFAULT.mosaic_options, fetch_warp_by_group=True).items()))
+MOSAIC_SPREAD = default_with(dict(fetch_warp_by_group=True))
 # (s46) The default with the Mosaic launches' partials 16 columns wide, 8 of them empty, as they were until s46 (the
 # eight-column softmax's outputs are 8 since): the comparison in one run (`kernel_experiments.sh narrow_out`)
-MOSAIC_WIDE_OUTPUT = dataclasses.replace(MOSAIC_DEFAULT, mosaic_options=tuple(
-    dict(MOSAIC_DEFAULT.mosaic_options, sixteen_columns_out=True).items()))
+MOSAIC_WIDE_OUTPUT = default_with(dict(sixteen_columns_out=True))
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 39 (MOSAIC_WIDE in s38,
 # MOSAIC_FOUR_SPLITS in s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before
 # it MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
@@ -1303,16 +1307,16 @@ def combine_kernel(sets, group: int, *, channel_blocks: int | None = None, confi
     if not last and m.shape[3] < rows:
       raise ValueError(f"combine_kernel: a set of {m.shape[3]} rows for {group} heads")
     parts = o.shape[2]
-    kinds.append([last, parts, o.shape[4] if last else 1])
+    kinds.append((last, parts, o.shape[4] if last else 1))  # (heads_last, parts, parities)
     # a part's rows: o [Gp, H] or heads last [H, 2 * 8]; m and l [Gp] or [2 * 8]
     inputs += [o.reshape(n * parts, o.shape[3], -1), m.reshape(n * parts, -1), l.reshape(n * parts, -1)]
   blocks = channel_blocks or combine_channel_blocks(n, h, config)
   width = h // blocks
-  for kind in kinds:  # parts a load: a power of two, no more than the set has; (heads_last, parts, chunk, parities)
-    kind.insert(2, min(_pow2_floor(max(1, _COMBINE_CHUNK // (rows * width))), _pow2_floor(kind[1])))
+  chunk = lambda parts: min(_pow2_floor(max(1, _COMBINE_CHUNK // (rows * width))), _pow2_floor(parts))  # a load's
+  kinds = tuple((last, parts, chunk(parts), parities) for last, parts, parities in kinds)
   whole = lambda x: pl.BlockSpec(tuple(pl.Element(d) for d in x.shape), lambda i, c: (0,) * x.ndim)
   out = pl.pallas_call(
-      functools.partial(_combine_body, kinds=tuple(map(tuple, kinds)), rows=rows, group=group, width=width),
+      functools.partial(_combine_body, kinds=kinds, rows=rows, group=group, width=width),
       grid=(n, blocks),
       in_specs=[whole(x) for x in inputs],
       out_specs=pl.BlockSpec((pl.Element(n * group), pl.Element(h)), lambda i, c: (0, 0)),
