@@ -71,7 +71,7 @@
 #   bash benchmarks/kernel_experiments.sh h200_next  # (s45; s46: kivi_check and depth, ~8 min) then h200_steps
 #   bash benchmarks/kernel_experiments.sh kivi_check  # (s46) KIVI's narrow INT2 kernel against float64 on a device
 #   bash benchmarks/kernel_experiments.sh ncu_h200  # (s45) the INT2 kernel (2 and 4 stages) under ncu on an H200
-#   bash benchmarks/kernel_experiments.sh h200_s47  # (s47) kivi_check; the INT2 kernel: spread, knockouts; the step with C
+#   bash benchmarks/kernel_experiments.sh h200_s47  # (s47) kivi_check; INT2 kernel: spread, knockouts; step with C
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -399,8 +399,8 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 200 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_spread --methods fp16 windowquant kivi2 --out "$out" --budget-s 170 \
       --tag ${tag}_short_step || echo "(stopped: h200_short, step)" ;;
-  h200_s47)  # (s47, an H200 with ~8 minutes of budget) KIVI's narrow kernel against float64; the INT2 kernel at batch 32
-            # and 60: the default, spread copies (float64 checks first) and the knockouts; then issue 6's 7B step at
+  h200_s47)  # (s47, an H200 with ~8 minutes of budget) KIVI's narrow kernel against float64; the INT2 kernel at
+            # batch 32 and 60: the default, spread copies (float64 checks first) and the knockouts; then issue 6's 7B step at
             # 32 x 100 under "pallas" and spread copies: fp16, windowquant, kivi2 and C (C's paged launches, 1.62 x
             # their floor in s44, are where a scheduler's extra copies weigh most)
     "$0" kivi_check || echo "(stopped: h200_s47, kivi_check)"
