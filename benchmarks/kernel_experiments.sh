@@ -400,9 +400,9 @@ case "${1:-}" in
       --attention pallas pallas:mosaic_spread --methods fp16 windowquant kivi2 --out "$out" --budget-s 170 \
       --tag ${tag}_short_step || echo "(stopped: h200_short, step)" ;;
   h200_s47)  # (s47, an H200 with ~8 minutes of budget) KIVI's narrow kernel against float64; the INT2 kernel at
-            # batch 32 and 60: the default, spread copies (float64 checks first) and the knockouts; then issue 6's 7B step at
-            # 32 x 100 under "pallas" and spread copies: fp16, windowquant, kivi2 and C (C's paged launches, 1.62 x
-            # their floor in s44, are where a scheduler's extra copies weigh most)
+            # batch 32 and 60: the default, spread copies (float64 checks first) and the knockouts; then issue
+            # 6's 7B step at 32 x 100 under "pallas" and spread copies: fp16, windowquant, kivi2 and C (C's paged
+            # launches, 1.62 x their floor in s44, are where a scheduler's extra copies weigh most)
     "$0" kivi_check || echo "(stopped: h200_s47, kivi_check)"
     timeout 130 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
       --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both \
