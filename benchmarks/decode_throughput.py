@@ -408,8 +408,9 @@ def _attentions(method: str, asked: list[str]) -> list[str]:
   method's pools, and "pallas:triton" only where the method has pools that "pallas" may send to the Mosaic
   kernel (at large batches, as `LARGE_BATCH_MOSAIC` says); else either would time "pallas" again. All of them
   where "pallas" was not asked."""
-  if method in INTERLEAVED:
-    return [a for a in asked if a in ("xla", "pallas", "pallas:triton")] or ["pallas"]
+  if method in INTERLEAVED:  # its paged INT2 launches take a "pallas:mosaic_*" path's configuration (s46)
+    return [a for a in asked if a in ("xla", "pallas", "pallas:triton")
+            or (a.startswith("pallas:mosaic") and 2 in served(a))] or ["pallas"]
   if "pallas" not in asked:
     return asked
   bits = MOSAIC_POOLS.get(method, (2, 4))

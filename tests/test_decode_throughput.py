@@ -176,8 +176,9 @@ def test_methods_the_mosaic_paths_do_not_serve_are_not_timed_again_under_them():
     assert decode_throughput._attentions(method, asked) == asked
   assert decode_throughput._attentions("windowquant", asked) == asked
   assert decode_throughput._attentions("rtn2", asked) == asked
-  # Ablation C: its paged kernels under "pallas" (Mosaic for INT4 and INT2 at large batches) and "pallas:triton"
-  # (Triton for every format), XLA's reader under "xla"; any other "pallas:*" name would run "pallas"'s again
-  asked = ["xla", "pallas", "pallas:triton", "pallas:mosaic_wide"]
-  assert decode_throughput._attentions("C", asked) == ["xla", "pallas", "pallas:triton"]
-  assert decode_throughput._attentions("C", ["pallas:mosaic_wide"]) == ["pallas"]
+  # Ablation C: its paged kernels under "pallas" (Mosaic for INT4 and INT2 at large batches), "pallas:triton"
+  # (Triton for every format) and a "pallas:mosaic_*" path (its paged INT2 launches take that configuration, since
+  # s46), XLA's reader under "xla"; any other "pallas:*" name would run "pallas"'s again
+  asked = ["xla", "pallas", "pallas:triton", "pallas:mosaic_wide", "pallas:split128"]
+  assert decode_throughput._attentions("C", asked) == ["xla", "pallas", "pallas:triton", "pallas:mosaic_wide"]
+  assert decode_throughput._attentions("C", ["pallas:split128"]) == ["pallas"]
