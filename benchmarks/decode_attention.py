@@ -228,6 +228,13 @@ def rel_err(a, b):
   return float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
 
 
+def _xla_error(row: dict) -> str:
+  """The kernel's relative error against the "xla" path, or "-" where the row was not compared (a variant's
+  plans after its first, which `--variants` runs without the XLA path)."""
+  err = row.get("pallas_vs_xla_rel_err")
+  return "-" if err is None else f"{err:.1e}"
+
+
 def measure(batch, tokens, plan, *, key, config=None, with_xla=True, gpu_time=False):
   c0 = synthetic_cache(key, batch, tokens, plan)
   nbytes = c0.nbytes
@@ -511,7 +518,8 @@ VARIANTS = {
     # s45: INT2 windows' pools with 3 and 4 pipeline stages (more bytes in flight; H100-slower in s36)
     "mosaic_s3": qd.MOSAIC_STAGES3,
     "mosaic_s4": qd.MOSAIC_STAGES4,
-    "mosaic_spread": qd.MOSAIC_SPREAD,  # (s46) a group's copies issued by its warp g % 4
+    "mosaic_spread": qd.MOSAIC_SPREAD,  # (s46) a group's copies issued by its warp g % 4 (the default since s47)
+    "mosaic_warp0_copies": qd.MOSAIC_WARP0_COPIES,  # (s47) by its warp 0, as until s47
     "mosaic_wide_output": qd.MOSAIC_WIDE_OUTPUT,  # (s46) the partials 16 columns wide, 8 empty, as until s46
     "mosaic_kivi_wide": qd.MOSAIC_KIVI_WIDE,  # KIVI's INT2 pools' score wgmma 16 wide (until s46; since, 8)
     # s33: the large-batch configuration's merge as one program a (request, KV head) (the combine's grid before
@@ -568,7 +576,8 @@ def markdown(report) -> str:
            "- timing: median of 7 timed repeats, each "
            + (f"{report['back_to_back']} dispatches sent back to back, then one wait" if report.get("back_to_back")
               else "one dispatch and a wait for it")
-           + "; a dispatch is " + (f"{report['inner']} calls" if report.get("inner") else "`inner` calls (~2 ms of work)")
+           + "; a dispatch is "
+           + (f"{report['inner']} calls" if report.get("inner") else "`inner` calls (~2 ms of work)")
            + ("; the kernel's calls of a dispatch read the layers of one cache (the default since s34), cudnn's"
               " a cache each" if report.get("layered") else ""),
            "- copy bandwidth (bytes read + written): " + ", ".join(
@@ -617,7 +626,7 @@ def markdown(report) -> str:
       # or the GPU idles between them.
       gpu = " | ".join(f"{r[k] * 1e6:.1f}" if r.get(k) else "-" for k in ("pallas_gpu_s", "pallas_gpu_span_s"))
       lines.append(f"| {name} | {r['plan']} | {r.get('splits', '-')} | {r['pallas_s'] * 1e6:.1f} | "
-                   f"{r['pallas_TBps']:.2f} | {gpu} | {r.get('pallas_vs_xla_rel_err', float('nan')):.1e} | "
+                   f"{r['pallas_TBps']:.2f} | {gpu} | {_xla_error(r)} | "
                    f"{r['pallas_compile_s']:.1f} |")
   for b in report.get("breakdown", []):
     lines += ["", f"## Parts of a call: batch {b['batch']}, {b['tokens']} tokens, plan {b['plan']} "
@@ -739,7 +748,7 @@ def main(argv=None):
         r = report["variants"][label] = measure(variant_batch, variant_tokens, plan, key=key, config=config,
                                                 with_xla=plan == variant_plans[0], gpu_time=args.gpu_time)
         print(f"variant {label}: {r['pallas_s'] * 1e6:.1f} us {r['pallas_TBps']:.2f} TB/s (compile "
-              f"{r['pallas_compile_s']:.1f} s, err vs xla {r.get('pallas_vs_xla_rel_err', float('nan')):.1e})",
+              f"{r['pallas_compile_s']:.1f} s, err vs xla {_xla_error(r)})",
               flush=True)
         if label == name and (best is None or r["pallas_s"] < report["variants"][best]["pallas_s"]):
           best = name
@@ -778,7 +787,7 @@ def main(argv=None):
         xla = row.get("xla_s", float("nan"))
         print(f"B={batch} T={tokens} {plan}: {row['bytes'] / 1e6:.1f} MB pallas {row['pallas_s'] * 1e6:.1f} us "
               f"{row['pallas_TBps']:.2f} TB/s | cudnn {cud * 1e6:.1f} us | xla {xla * 1e6:.1f} us"
-              f" | err vs xla {row.get('pallas_vs_xla_rel_err', float('nan')):.1e} "
+              f" | err vs xla {_xla_error(row)} "
               f"| compile {row['pallas_compile_s']:.1f} s", flush=True)
         if row.get("pallas_gpu_top"):
           print(f"  GPU {row['pallas_gpu_s'] * 1e6:.1f} us (span {row['pallas_gpu_span_s'] * 1e6:.1f}): "

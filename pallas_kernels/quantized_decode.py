@@ -370,8 +370,13 @@ MOSAIC_FOUR_SPLITS = dataclasses.replace(MOSAIC_WIDE, mosaic_min_splits=4)  # s3
 # 32 / 60 x 19,968 against 108.6 / 209.5 (`results/mosaic_int2_s39_overlapped_h100.md`); the 7B step at 32 x 100,
 # windowquant, 8.535 ms against 8.822 (`results/decode_throughput_*_s39_narrow_step_gpu_h100.md`). MOSAIC_WIDE
 # ("pallas:mosaic_wide") is s38's default.
+# Since s47 each warpgroup's copies are issued by its warp g % 4, one group's a scheduler (`fetch_warp_by_group`:
+# every group's warp 0 sat on scheduler 0, 16 % more instructions on it a round, offline), for INT2 windows' pools and
+# C's paged INT2 launches (`pool_options`). H100, one run each, float64 checks first: the INT2 kernel 99.8 / 193.2 µs
+# at batch 32 / 60 x 19,968 against 103.4 / 201.1 (`results/mosaic_int2_s47_spread_h100.md`); the 7B step at
+# 32 x 100 C 9.217 ms against 9.563, windowquant 8.421 against 8.468 (`decode_throughput_*_s47_spread_C_gpu_h100.md`).
 MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
-    mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"].items()), kivi_narrow_scores=True)
+    mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread"].items()), kivi_narrow_scores=True)
 
 
 def default_with(options: dict, **fields) -> DecodeConfig:
@@ -401,9 +406,10 @@ MOSAIC_STAGES3, MOSAIC_STAGES4 = (default_with(dict(stages=stages)) for stages i
 # (s45) KIVI's INT2 pools' score wgmma 8 wide (`kivi_narrow_scores`), the default since s46; "pallas:mosaic_kivi_wide"
 # runs it 16 wide, as until s46 (H100: kivi2's 7B step at 32 x 100 9.142 ms against the default's 8.883)
 MOSAIC_KIVI_WIDE = default_with({}, kivi_narrow_scores=False)
-# (s46) The default with each warpgroup's copies issued by its warp g % 4, one group's a scheduler (`mosaic_int2`'s
-# `fetch_warp_by_group`; every group's warp 0 sat on scheduler 0), for every Mosaic launch, C's paged ones too
-MOSAIC_SPREAD = default_with(dict(fetch_warp_by_group=True))
+# (s46) Each warpgroup's copies issued by its warp g % 4 (`fetch_warp_by_group`): the default since s47, and
+# "pallas:mosaic_spread" its name still; "pallas:mosaic_warp0_copies" issues them by each group's warp 0, as until s47
+MOSAIC_SPREAD = MOSAIC_DEFAULT
+MOSAIC_WARP0_COPIES = default_with(dict(fetch_warp_by_group=False))
 # (s46) The default with the Mosaic launches' partials 16 columns wide, 8 of them empty, as they were until s46 (the
 # eight-column softmax's outputs are 8 since): the comparison in one run (`kernel_experiments.sh narrow_out`)
 MOSAIC_WIDE_OUTPUT = default_with(dict(sixteen_columns_out=True))
@@ -1016,6 +1022,7 @@ def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool 
       options.pop("narrow_scores", None)
     options.pop("narrow_values", None)
     options.pop("stages", None)  # deeper pipelines too (INT4's and KIVI's blocks are larger: shared memory)
+    options.pop("fetch_warp_by_group", None)  # and the spread copies (s47: kivi2's step no faster with them)
   if kivi:  # KIVI's values go through shared memory, or (`token_scaled_p`) scale P
     options["folded_minimums"] = False
     options.pop("values_by_ldmatrix", None)

@@ -57,7 +57,8 @@
     "pallas:mosaic_kivi_wide"  the default, KIVI's INT2 pools' score wgmma 16 columns wide (until s46; since, 8
                                wide: kivi2's step at 32 x 100 2.8 % faster on an H100)
     "pallas:mosaic_wide_output"  the default, its Mosaic launches' partials 16 columns wide, 8 empty (until s46)
-    "pallas:mosaic_spread"  the default, each warpgroup's copies issued by its warp g % 4, not its warp 0 (s46)
+    "pallas:mosaic_spread"  the default (since s47): each warpgroup's copies issued by its warp g % 4 (s46)
+    "pallas:mosaic_warp0_copies"  the default, each warpgroup's copies issued by its warp 0 (until s47)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
     "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)
@@ -159,3 +160,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_kivi_wide", quantized_decode.MOSAIC_KIVI_WIDE)
   register_variant("pallas:mosaic_wide_output", quantized_decode.MOSAIC_WIDE_OUTPUT)
   register_variant("pallas:mosaic_spread", quantized_decode.MOSAIC_SPREAD)
+  register_variant("pallas:mosaic_warp0_copies", quantized_decode.MOSAIC_WARP0_COPIES)

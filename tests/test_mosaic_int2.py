@@ -484,6 +484,8 @@ def test_splits_and_window_parities_merge(interpret):
                                           ranged=True),
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread"],
                                           paged=True, splits=4),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread"],
+                                          ranged=True, splits=2),  # (s47) the default at batch >= 45
                                      # ablation C's windows through a page table (INT2, and INT4's as configured)
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"], paged=True,
                                           splits=4),

@@ -160,14 +160,16 @@ def test_large_launches_take_the_mosaic_kernel():
   assert big.int2_mosaic and big.mosaic_min_pairs is None
   assert big.int4_mosaic and big.kivi_mosaic
   assert dict(big.mosaic_options) == dict(qd.MOSAIC_LEAN_EIGHT.mosaic_options, narrow_scores=True,
-                                          narrow_values=True)  # s32's kernel, its wgmmas 8 wide since s39
+                                          narrow_values=True,  # s32's kernel, its wgmmas 8 wide since s39
+                                          fetch_warp_by_group=True)  # and its copies spread since s47
   assert dict(big.mosaic_options)["eight_column_softmax"]
   assert big.mosaic_programs_per_multiprocessor == 4 and big.fused_combine  # the two sets merged in one launch
   assert dataclasses.replace(big, mosaic_min_pairs=128) == qd.MOSAIC_DEFAULT
   assert qd.MOSAIC_WIDE == dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, kivi_token_scaled_bits=(2,),
                                                mosaic_min_splits=2)
   assert qd.MOSAIC_DEFAULT == dataclasses.replace(qd.MOSAIC_WIDE, mosaic_options=tuple(
-      dict(qd.MOSAIC_LEAN_EIGHT.mosaic_options, narrow_scores=True, narrow_values=True).items()),
+      dict(qd.MOSAIC_LEAN_EIGHT.mosaic_options, narrow_scores=True, narrow_values=True,
+           fetch_warp_by_group=True).items()),  # a group's copies by its warp g % 4 since s47
       kivi_narrow_scores=True)  # KIVI's INT2 pools' score wgmma 8 wide too since s46
   if qd._multiprocessors(big) == 132:  # an H200's (or a CPU's stand-in): 4 x 132 slots hold 128 pairs x 4 splits
     assert qd.mosaic_splits(128, 306, big) == 4 and qd.mosaic_splits(128, 306, qd.MOSAIC_FOUR_WARPGROUPS) == 8
@@ -242,6 +244,15 @@ def test_pool_options_keep_permuted_keys_to_int2():
   for bits, kivi in ((4, False), (2, True), (4, True)):
     options = qd.pool_options(narrow, bits, kivi=kivi)
     assert "narrow_scores" not in options and "narrow_values" not in options
+  # copies issued by warp g % 4 of each group (s47's default): INT2 windows' pools (and C's paged INT2 launches,
+  # `mosaic_plan` too) only; "pallas:mosaic_warp0_copies" keeps them on each group's warp 0
+  spread = dict(qd.MOSAIC_DEFAULT.mosaic_options)
+  assert spread["fetch_warp_by_group"] and qd.pool_options(spread, 2, kivi=False)["fetch_warp_by_group"]
+  assert qd.mosaic_plan(128, 600, 2, qd.MOSAIC_DEFAULT)[1]["fetch_warp_by_group"]
+  for bits, kivi in ((4, False), (2, True), (4, True)):
+    assert "fetch_warp_by_group" not in qd.pool_options(spread, bits, kivi=kivi)
+  assert not dict(qd.MOSAIC_WARP0_COPIES.mosaic_options)["fetch_warp_by_group"]
+  assert dict(qd.MOSAIC_WARP0_COPIES.mosaic_options, fetch_warp_by_group=True) == spread
 
 
 def test_registered_as_pallas_on_a_bf16_cache():
