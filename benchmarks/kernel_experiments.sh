@@ -379,17 +379,19 @@ case "${1:-}" in
       --tag ${tag}_narrow_out_step || echo "(stopped: narrow_out, the 7B step)" ;;
   spread)  # (s46) each warpgroup's copies issued by its warp g % 4 ("pallas:mosaic_spread"): the INT2 kernel at batch
            # 32 and 60 (float64 checks first), then the 7B step at 32 x 100: windowquant, kivi2 and C (its paged Mosaic
-           # launches issue twelve copies a step) under "pallas" and "pallas:mosaic_spread", fp16 beside
+           # launches issue twelve copies a step) under "pallas" and (since s47, spread the default) s46's default,
+           # "pallas:mosaic_warp0_copies", fp16 beside
     timeout 100 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
       --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both \
       wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread --tag mosaic_int2_${tag}_spread \
       || echo "(stopped: spread, kernels)"
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 420 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_spread --methods fp16 windowquant kivi2 C --out "$out" --budget-s 380 \
+      --attention pallas pallas:mosaic_warp0_copies --methods fp16 windowquant kivi2 C --out "$out" --budget-s 380 \
       --tag ${tag}_spread_step || echo "(stopped: spread, the 7B step)" ;;
   h200_short)  # (s46, an H200 with ~6 minutes of budget) the INT2 kernel at batch 32 and 60: the default, spread
                # copies, 4 stages, V's codes by ldmatrix.trans and paired steps against their base, the knockouts;
-               # then the 7B step at 32 x 100: fp16, windowquant under "pallas" and spread copies, kivi2
+               # then the 7B step at 32 x 100: fp16, windowquant under "pallas" (spread copies since s47) and warp
+               # 0's copies, kivi2
     timeout 170 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
       --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both \
       wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4 \
@@ -397,24 +399,25 @@ case "${1:-}" in
       wg4_large_batch_ftz_lean_folded_eight_vldsm wg4_large_batch_ftz_lean_folded_eight_paired ${ko_variants} \
       --tag mosaic_int2_${tag}_short || echo "(stopped: h200_short, kernels)"
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 200 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_spread --methods fp16 windowquant kivi2 --out "$out" --budget-s 170 \
+      --attention pallas pallas:mosaic_warp0_copies --methods fp16 windowquant kivi2 --out "$out" --budget-s 170 \
       --tag ${tag}_short_step || echo "(stopped: h200_short, step)" ;;
   h200_s47)  # (s47, an H200 with ~8 minutes of budget) KIVI's narrow kernel against float64; the INT2 kernel at
             # batch 32 and 60: the default, spread copies (float64 checks first) and the knockouts; then issue
-            # 6's 7B step at 32 x 100 under "pallas" and spread copies: fp16, windowquant, kivi2 and C (C's paged
-            # launches, 1.62 x their floor in s44, are where a scheduler's extra copies weigh most)
+            # 6's 7B step at 32 x 100 under "pallas" (spread copies) and warp 0's: fp16, windowquant, kivi2 and C (C's
+            # paged launches, 1.62 x their floor in s44, are where a scheduler's extra copies weigh most)
     "$0" kivi_check || echo "(stopped: h200_s47, kivi_check)"
     timeout 130 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
       --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both \
       wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread ${ko_variants} --tag mosaic_int2_${tag}_spread_ko \
       || echo "(stopped: h200_s47, kernels)"
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_spread --methods fp16 windowquant C kivi2 --out "$out" --budget-s 270 \
+      --attention pallas pallas:mosaic_warp0_copies --methods fp16 windowquant C kivi2 --out "$out" --budget-s 270 \
       --tag ${tag}_spread_step || echo "(stopped: h200_s47, step)" ;;
   h200_steps)  # (s46, an H200's second call, after h200_next) issue 6's 7B step at 32 x 100: fp16, windowquant, kivi2
-               # and C under "pallas", spread copies, 4 stages and KIVI's 16-wide scores (~6 min)
+               # and C under "pallas", warp 0's copies (spread the default since s47), 4 stages and KIVI's 16-wide
+               # scores (~6 min)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 560 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:mosaic_spread pallas:mosaic_stages4 pallas:mosaic_kivi_wide \
+      --attention pallas pallas:mosaic_warp0_copies pallas:mosaic_stages4 pallas:mosaic_kivi_wide \
       --methods fp16 windowquant kivi2 C --out "$out" --budget-s 500 --tag ${tag}_h200_steps \
       || echo "(stopped: h200_steps)" ;;
   h100_next)  # (s46, an H100's one call, ~9 min) `knockout`, then the 7B step at 32 x 100: fp16, windowquant and
