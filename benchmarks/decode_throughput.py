@@ -306,7 +306,8 @@ class Report:
          "tokens_as_plain: where a row's loop differs from its method and attention's plain one (XLA options, "
          "steps a call, norms, donation), the fraction of its greedy tokens equal to the plain loop's"),
         ("- speedup_vs_fp16: fp16's step / this step, same setting and attention, else fp16 under the "
-         "first attention asked for (C runs under xla and pallas only, as asked: its paged kernel; a method is "
+         "first attention asked for (C runs under xla, pallas, pallas:triton and a pallas:mosaic_* path that serves "
+         "INT2 pools, as asked: its paged kernels; a method is "
          "not timed again under a pallas:mosaic_* path that serves none of its pools: fp16, KIVI but under a "
          "KIVI one, rtn4 but under an INT4 one); "
          "vs_fp16_attention says which; byte_speedup: (weights + fp16 cache) / (weights + this cache); "
