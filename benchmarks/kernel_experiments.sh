@@ -71,7 +71,9 @@
 #   bash benchmarks/kernel_experiments.sh h200_next  # (s45; s46: kivi_check and depth, ~8 min) then h200_steps
 #   bash benchmarks/kernel_experiments.sh kivi_check  # (s46) KIVI's narrow INT2 kernel against float64 on a device
 #   bash benchmarks/kernel_experiments.sh ncu_h200  # (s45) the INT2 kernel (2 and 4 stages) under ncu on an H200
-#   bash benchmarks/kernel_experiments.sh h200_s47  # (s47) kivi_check; INT2 kernel: spread, knockouts; step with C
+#   bash benchmarks/kernel_experiments.sh h200_s47  # (s47) kivi_check; INT2 kernel: spread, knockouts (s48:
+#                                                   # prefolded minimums too); step with C
+#   bash benchmarks/kernel_experiments.sh prefolded  # (s48) the INT2 kernel with minimums folded before it
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -406,13 +408,21 @@ case "${1:-}" in
             # 6's 7B step at 32 x 100 under "pallas" (spread copies) and warp 0's: fp16, windowquant, kivi2 and C (C's
             # paged launches, 1.62 x their floor in s44, are where a scheduler's extra copies weigh most)
     "$0" kivi_check || echo "(stopped: h200_s47, kivi_check)"
-    timeout 130 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
+    timeout 160 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
       --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both \
-      wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread ${ko_variants} --tag mosaic_int2_${tag}_spread_ko \
-      || echo "(stopped: h200_s47, kernels)"
+      wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread \
+      wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded ${ko_variants} \
+      --tag mosaic_int2_${tag}_spread_ko || echo "(stopped: h200_s47, kernels)"
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_warp0_copies --methods fp16 windowquant C kivi2 --out "$out" --budget-s 270 \
       --tag ${tag}_spread_step || echo "(stopped: h200_s47, step)" ;;
+  prefolded)  # (s48) the default's INT2 kernel reading minimums folded before it (`prefolded_minimums`: 24 fewer
+              # f16x2 fmas a thread and step, what a cache storing folded minimums would run), float64 checks first,
+              # at batch 32 and 60, the knockouts beside (what all the conversions cost on this card)
+    timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
+      --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread \
+      wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded ${ko_variants} \
+      --tag mosaic_int2_${tag}_prefolded || echo "(stopped: prefolded)" ;;
   h200_steps)  # (s46, an H200's second call, after h200_next) issue 6's 7B step at 32 x 100: fp16, windowquant, kivi2
                # and C under "pallas", warp 0's copies (spread the default since s47), 4 stages and KIVI's 16-wide
                # scores (~6 min)
@@ -460,7 +470,7 @@ case "${1:-}" in
      echo "kernels mix overlap step bars small combine combine_step batch8 pool512 h200 vldsm vldsm_step ncu" >&2
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
      echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
-     echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps" >&2
+     echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps prefolded h200_s47" >&2
      echo "h200_short kivi_check h200_s47" >&2
      exit 2 ;;
 esac

@@ -47,8 +47,15 @@ def attend(q, *pool, splits, variant="fast"):
 
 
 def kernel_pool(pool, variant: str):
-  """The pool as `variant` reads it: its scales and minimums in `mosaic_int2.thread_order` where it says so."""
-  if not VARIANTS[variant].get("metadata_in_thread_order"):
+  """The pool as `variant` reads it: its minimums folded (`mosaic_int2.fold_minimums`) and its scales and
+  minimums in `mosaic_int2.thread_order` where it says so."""
+  options = VARIANTS[variant]
+  if options.get("prefolded_minimums"):
+    bits = pool[0].shape[-1] * 8 // mi.HEAD_DIM
+    k_codes, k_scale, k_min, v_codes, v_scale, v_min = pool
+    pool = (k_codes, k_scale, mi.fold_minimums(k_scale, k_min, bits), v_codes, v_scale,
+            mi.fold_minimums(v_scale, v_min, bits))
+  if not options.get("metadata_in_thread_order"):
     return pool
   return tuple(mi.thread_order(x) if i in (1, 2, 4, 5) else x for i, x in enumerate(pool))
 

@@ -563,7 +563,8 @@ def _token_byte_pairs(codes, column, first_token, row_bytes, i32):
   return pair
 
 
-def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_order=False, bits=2, folded=False):
+def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_order=False, bits=2, folded=False,
+                       prefolded=False):
   """A step's values as the V wgmma's register operand: V^T f16 [128, 64] (WGMMA layout), row r channel
   `value_row_channels()[r]`, column t token t, from the codes [64, 32] (uint8, 32-byte swizzle) and the [2, H]
   scales and minimums. A thread holds byte column b = 8w + lane // 4 of 16 tokens (2 (lane % 4) + 8i and the
@@ -579,7 +580,8 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
   takes two bytes, one a half.
 
   `folded` (`folded_minimums`): the parts as magic + code (`_FoldedParts`), each (window, channel)'s minimum
-  folded once (8 fmas a thread a step), no subtraction a register (32)."""
+  folded once (8 fmas a thread a step), no subtraction a register (32); `prefolded`: they come folded
+  (`fold_minimums`), none of the 8."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -620,7 +622,7 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
     folded_minimums = {}  # (window, group) -> its folded minimum, f16x2
 
     def minimum(window, group, part):
-      if not folded:
+      if not folded or prefolded:
         return broadcast(1, window, group)
       if (window, group) not in folded_minimums:
         folded_minimums[window, group] = folding.minimum(broadcast(0, window, group), broadcast(1, window, group),
@@ -899,7 +901,7 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
-def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
+def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, prefolded=False):
   """`permuted_keys`: a step's keys as the score wgmma's register operands (f16 [64, W] a part, W = H bits / 8:
   INT2's 4 parts of 32 channels, INT4's 2 of 64; WGMMA layout), column 8g + 2l + e of part p being channel W p +
   (W / 4) l + 2g + e (`key_order`; q^T's rows are permuted alike, so the scores are the same sums). A thread
@@ -909,7 +911,7 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
   INT2 30 loads a thread and step fewer, INT4 38 (offline SASS, s30). Each register: a `prmt` of two bytes, then
   per part the magic exponents' LOP3, the subtraction and one f16x2 fma. `folded` (`folded_minimums`): the parts
   as magic + code (`_FoldedParts`), the minimum pairs folded (16 fmas a thread a step), no subtraction a register
-  (32)."""
+  (32); `prefolded`: the minimums come folded (`fold_minimums`), none of the 16."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -949,7 +951,8 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2):
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
     if folded:
       folding = _FoldedParts(bits, i32, half2)
-      metadata[1] = [folding.minimum(s, m, i // groups) for i, (s, m) in enumerate(zip(*metadata))]
+      if not prefolded:
+        metadata[1] = [folding.minimum(s, m, i // groups) for i, (s, m) in enumerate(zip(*metadata))]
     registers = [np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object) for _ in range(parts)]
     for idx, row_offset, column in _register_offsets(shape):
       g = column // 8  # bytes 2g, 2g + 1 of the thread's: word g // 2, its bytes (2g % 4, + 1)
@@ -1109,6 +1112,25 @@ def folded_part_constants(part: int, bits: int = 2) -> tuple[int, int, int, floa
   return shift, (1 << bits) - 1 << q, (25 - q) << 10, 2.0 ** (10 - q)
 
 
+def _part_magic(bits: int) -> np.ndarray:
+  """[H] float32: the magic number `folded_part_constants` gives channel c's part (c // (H bits / 8))."""
+  width = HEAD_DIM * bits // 8
+  return np.array([folded_part_constants(c // width, bits)[3] for c in range(HEAD_DIM)], np.float32)
+
+
+def fold_minimums(scale: jax.Array, minimum: jax.Array, bits: int = 2) -> jax.Array:
+  """Scales and minimums [..., H] (channel order) -> the folded minimums m - magic x s that `folded_minimums`
+  computes in the kernel every step, in f32 and rounded once: what `prefolded_minimums` reads."""
+  folded = minimum.astype(jnp.float32) - jnp.asarray(_part_magic(bits)) * scale.astype(jnp.float32)
+  return folded.astype(minimum.dtype)
+
+
+def unfold_minimums(scale: jax.Array, folded: jax.Array, bits: int = 2) -> jax.Array:
+  """`fold_minimums`' inverse (up to its rounding): the plain minimums."""
+  minimum = folded.astype(jnp.float32) + jnp.asarray(_part_magic(bits)) * scale.astype(jnp.float32)
+  return minimum.astype(folded.dtype)
+
+
 def _f16_bits(x: float) -> int:
   return int(np.array(x, np.float16).view(np.uint16))
 
@@ -1126,7 +1148,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 token_scaled_p: bool = False, paired_steps: bool = False, narrow_scores: bool = False,
                 narrow_values: bool = False, max_windows: int | None = None, range_params=None,
                 paged: bool = False, knockout: str = "", sixteen_columns_out: bool = False,
-                fetch_warp_by_group: bool = False):
+                fetch_warp_by_group: bool = False, prefolded_minimums: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, C] (unnormalized, f32), m and l [N, J, C].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1208,6 +1230,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   magic number is folded into the minimum once a window and channel pair (m - magic x s, one f16x2 fma), so a
   pair of codes takes a LOP3 and an fma, no subtraction: 64 subtractions a thread and step for 24 fmas and 16
   shifts (untimed; the folded minimum's f16 rounding adds at most s / 32 a window and channel).
+  `prefolded_minimums` (with `folded_minimums`): k_bias and v_min hold the folded minimums already
+  (`fold_minimums`, once a cache, not a step), so the register paths take them as loaded: 24 fewer f16x2 fmas a
+  thread and step (16 keys', 8 values'). The interpret mode unfolds them first (its plain path reads minimums).
   `eight_column_softmax` (with `dequantize_keys` and `lagged_max`): with the keys dequantized a score is q . k in
   either window, so the softmax runs on the score accumulator's first 8 columns for all 64 rows (a value slice)
   where it ran on 16 with half of them masked: 4 of a thread's 8 subtractions, exp2, vote compares and row-sum
@@ -1302,6 +1327,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError("permuted_keys: with dequantize_keys and magic_exponents, the metadata in channel order")
   if folded_minimums and not (permuted_keys or values_in_registers):
     raise ValueError("folded_minimums: the register paths', with permuted_keys or values_in_registers")
+  if prefolded_minimums and not (folded_minimums and not (values_by_ldmatrix or values_per_token)):
+    raise ValueError("prefolded_minimums: minimums folded before the kernel, with folded_minimums (not "
+                     "values_by_ldmatrix or values_per_token)")
   if values_by_ldmatrix and not (values_in_registers and folded_minimums and not metadata_in_thread_order):
     raise ValueError("values_by_ldmatrix: with values_in_registers and folded_minimums, the metadata in channel "
                      "order")
@@ -1340,6 +1368,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       raise ValueError("values_per_token: the values through shared memory, dequantized by the fast path: not with "
                        "values_in_registers, values_scaled_after, ldmatrix_metadata or metadata_in_thread_order")
     v_scale, v_min = (x.reshape(n, tokens // 2, 2 * HEAD_DIM // 32) for x in (v_scale, v_min))  # token pairs
+  if prefolded_minimums and interpret is not None:  # the plain path reads plain minimums
+    k_bias, v_min = unfold_minimums(k_scale, k_bias, bits), unfold_minimums(v_scale, v_min, bits)
   if metadata_in_thread_order and interpret is not None:  # the plain path reads them in channel order
     k_scale, k_bias, v_scale, v_min = (thread_order(x) for x in (k_scale, k_bias, v_scale, v_min))
   if in_place_values and (defer_values_wgmma or values_scaled_after):
@@ -1598,7 +1628,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       if knockout in ("keys", "both"):
         return [plgpu.layout_cast(jnp.full((STEP, width), 1.0, jnp.float16), layout.WGMMA) for _ in range(parts)]
       if keys_by_thread:
-        return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums, bits)
+        return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums, bits, prefolded_minimums)
       if fast:
         return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma,
                                magic_exponents=magic, bits=bits, ldmatrix_metadata=ldmatrix_metadata,
@@ -1613,7 +1643,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         return _value_codes_transposed(vc_s, bits)
       if values_by_ldmatrix:
         return _values_by_ldmatrix(vc_s, vs_s, vm_s, bits)
-      return _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits, folded_minimums)
+      return _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits, folded_minimums,
+                                prefolded_minimums)
 
     def dequantize_values(vc_s, vs_s, vm_s, v_s):  # into v_s [64 tokens, 128 channels] f16
       if token_scaled_p:  # the interpret mode's exact codes (levels^p c, times levels^-p)
@@ -2268,6 +2299,12 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread": dict(
         _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
         eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True),
+    # (s48) the default with the minimums folded before the kernel (`prefolded_minimums`, `fold_minimums`): 24
+    # fewer f16x2 fmas a thread and step; what a cache storing folded minimums would run
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded": dict(
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
+        prefolded_minimums=True),
     # (s46) diagnostics, wrong by design (`knockout`): the default's kernel with the keys', the values' or both
     # register operands constant, every byte still moved by TMA: what the conversions cost on a card
     **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_ko_{what}": dict(

@@ -486,6 +486,10 @@ def test_splits_and_window_parities_merge(interpret):
                                           paged=True, splits=4),
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread"],
                                           ranged=True, splits=2),  # (s47) the default at batch >= 45
+                                     # (s48) the minimums folded before the kernel
+                                     dict(mi.VARIANTS[
+                                         "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded"],
+                                         ranged=True, splits=2),
                                      # ablation C's windows through a page table (INT2, and INT4's as configured)
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both"], paged=True,
                                           splits=4),
@@ -873,6 +877,44 @@ def test_folded_unpacking_constants(bits):
     bound = (np.abs(folded) + np.abs(exact)) * 2.0 ** -11 + 1e-7
     assert np.all(np.abs(x - exact) <= bound), part
     assert np.all(np.abs(folded - (minimum - magic * scale)) <= scale / 32 + np.abs(minimum) * 2.0 ** -11)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_fold_minimums_is_what_the_kernel_folds_a_step(bits):
+  """`fold_minimums` (s48, for `prefolded_minimums`): channel c's minimum less the magic number of its part
+  (c // (H bits / 8), `folded_part_constants`) times its scale, rounded once; `unfold_minimums` inverts it
+  within that rounding."""
+  _, _, scale, minimum, *_ = random_case(3, 2, 4 * mi.WINDOW, 7, bits)
+  folded = np.asarray(mi.fold_minimums(scale, minimum, bits))
+  width = mi.HEAD_DIM * bits // 8
+  magic = np.array([mi.folded_part_constants(c // width, bits)[3] for c in range(mi.HEAD_DIM)])
+  exact = minimum.astype(np.float64) - magic * scale.astype(np.float64)
+  assert folded.dtype == np.float16
+  np.testing.assert_array_equal(folded, exact.astype(np.float16))
+  back = np.asarray(mi.unfold_minimums(scale, folded, bits)).astype(np.float64)
+  assert np.all(np.abs(back - minimum) <= np.abs(exact) * 2.0 ** -10 + np.abs(minimum) * 2.0 ** -10)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+def test_prefolded_minimums_match(interpret, bits):
+  """`prefolded_minimums` (s48): the default's kernel reading minimums folded before it (`fold_minimums`) gives
+  the attention of the plain pool, through a range and four warpgroups (the interpret mode unfolds them; the
+  register path, which reads them as they are, is checked on a device by `mosaic_int2_bench`). The folded
+  minimum's f16 rounding is the kernel's own fold's (at most s / 32 a window and channel: up to 0.009 here, where
+  the scales reach 0.3), so the tolerance is 1e-2; a wrong fold is off by magic x s, 1 or more."""
+  q, kc, ks, km, vc, vs, vm = random_case(18, 4, 32 * mi.WINDOW, 7, bits)
+  options = dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded"])
+  if bits == 4:
+    options["permuted_keys"] = False  # INT4 pools as `pool_options` configures them
+  folded = (q, kc, ks, mi.fold_minimums(ks, km, bits), vc, vs, mi.fold_minimums(vs, vm, bits))
+  o_t, m, l = mi.range_partials(*folded, 3, 25, windows=32, splits=4, interpret=interpret, **options)
+  want = mi.reference(q, kc[:, 96:896], ks[:, 3:28], km[:, 3:28], vc[:, 96:896], vs[:, 3:28], vm[:, 3:28])
+  np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, q.shape[1])), want, atol=1e-2, rtol=0)
+
+
+def test_prefolded_minimums_are_refused_where_they_cannot_go():
+  with pytest.raises(ValueError, match="prefolded_minimums"):
+    mi.attend(*random_case(16, 1, 4 * mi.WINDOW, 7), splits=1, options=(("prefolded_minimums", True),))
 
 
 def test_bad_shapes_are_refused():
