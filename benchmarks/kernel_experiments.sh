@@ -74,6 +74,9 @@
 #   bash benchmarks/kernel_experiments.sh h200_s47  # (s47) kivi_check; INT2 kernel: spread, knockouts (s48:
 #                                                   # prefolded minimums too); step with C
 #   bash benchmarks/kernel_experiments.sh prefolded  # (s48) the INT2 kernel with minimums folded before it
+#   bash benchmarks/kernel_experiments.sh half_machine  # (s48) the INT2 kernel on half the SMs (64 CTAs): the SMs
+#                                                   # bound it there, as on an H200; variants and knockouts
+#   bash benchmarks/kernel_experiments.sh half_metadata  # (s48) the same, what the metadata loads cost
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -423,6 +426,24 @@ case "${1:-}" in
       --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread \
       wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded ${ko_variants} \
       --tag mosaic_int2_${tag}_prefolded || echo "(stopped: prefolded)" ;;
+  half_machine)  # (s48) the INT2 kernel where the SMs, not HBM, bound it on any Hopper: batch 16 x 19,968 at 4
+                 # splits is 64 CTAs, one wave on half the SMs (each SM then has twice an H100's full-machine HBM
+                 # share, more than an H200's 1.5x), beside batch 32 (128 CTAs, the full machine): the default,
+                 # prefolded minimums, the knockouts, 4 stages, warp 0's copies; paired steps and V by ldmatrix
+                 # against their (wide) base
+    timeout 240 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 16 32 \
+      --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread \
+      wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded ${ko_variants} \
+      wg4_large_batch_ftz_lean_folded_eight_narrow_both_s4 wg4_large_batch_ftz_lean_folded_eight_narrow_both \
+      wg4_large_batch_ftz_lean_folded_eight wg4_large_batch_ftz_lean_folded_eight_paired \
+      wg4_large_batch_ftz_lean_folded_eight_vldsm --tag mosaic_int2_${tag}_half_machine \
+      || echo "(stopped: half_machine)" ;;
+  half_metadata)  # (s48) on half the SMs (batch 16, 64 CTAs) and the full machine: what the scales' and minimums'
+                  # loads cost (the keys', the values', both cut to one a step) beside the keys' whole unpacking
+    base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread
+    timeout 200 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 16 32 \
+      --variants $base ${base}_ko_key_metadata ${base}_ko_value_metadata ${base}_ko_metadata ${base}_ko_keys \
+      ${base}_ko_values --tag mosaic_int2_${tag}_half_metadata || echo "(stopped: half_metadata)" ;;
   h200_steps)  # (s46, an H200's second call, after h200_next) issue 6's 7B step at 32 x 100: fp16, windowquant, kivi2
                # and C under "pallas", warp 0's copies (spread the default since s47), 4 stages and KIVI's 16-wide
                # scores (~6 min)
@@ -471,6 +492,7 @@ case "${1:-}" in
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
      echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
      echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps prefolded h200_s47" >&2
+     echo "half_machine half_metadata" >&2
      echo "h200_short kivi_check h200_s47" >&2
      exit 2 ;;
 esac

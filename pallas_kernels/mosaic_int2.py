@@ -58,6 +58,8 @@ import numpy as np
 from jax import lax
 
 WINDOW, STEP, HEAD_DIM, COLUMNS = 32, 64, 128, 16
+# `int2_decode`'s diagnostics (wrong by design): what a step skips
+KNOCKOUTS = ("", "keys", "values", "both", "key_metadata", "value_metadata", "metadata")
 _NEG = -1e30
 
 
@@ -564,7 +566,7 @@ def _token_byte_pairs(codes, column, first_token, row_bytes, i32):
 
 
 def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_order=False, bits=2, folded=False,
-                       prefolded=False):
+                       prefolded=False, one_metadata_load=False):
   """A step's values as the V wgmma's register operand: V^T f16 [128, 64] (WGMMA layout), row r channel
   `value_row_channels()[r]`, column t token t, from the codes [64, 32] (uint8, 32-byte swizzle) and the [2, H]
   scales and minimums. A thread holds byte column b = 8w + lane // 4 of 16 tokens (2 (lane % 4) + 8i and the
@@ -581,7 +583,8 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
 
   `folded` (`folded_minimums`): the parts as magic + code (`_FoldedParts`), each (window, channel)'s minimum
   folded once (8 fmas a thread a step), no subtraction a register (32); `prefolded`: they come folded
-  (`fold_minimums`), none of the 8."""
+  (`fold_minimums`), none of the 8. `one_metadata_load` (a knockout, wrong by design): window 0's first group
+  stands for every (window, group), one f16 load of each."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -613,6 +616,8 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
     refs, metadata = (scales, minimums), {}  # (ref, window, part) -> the f16 in both halves
 
     def broadcast(which, window, part):
+      if one_metadata_load:
+        window, part = 0, 0
       if (which, window, part) not in metadata:
         value = memref.load(refs[which], [arith.constant(index, window), channel(part)])
         metadata[which, window, part] = vector.broadcast(half2, value)
@@ -622,6 +627,8 @@ def _values_transposed(codes_ref, scale_ref, minimum_ref, metadata_in_thread_ord
     folded_minimums = {}  # (window, group) -> its folded minimum, f16x2
 
     def minimum(window, group, part):
+      if one_metadata_load:
+        window, group = 0, 0
       if not folded or prefolded:
         return broadcast(1, window, group)
       if (window, group) not in folded_minimums:
@@ -901,7 +908,8 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
   return unpack(codes_ref, scale_ref, minimum_ref)
 
 
-def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, prefolded=False):
+def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, prefolded=False,
+                    one_metadata_load=False):
   """`permuted_keys`: a step's keys as the score wgmma's register operands (f16 [64, W] a part, W = H bits / 8:
   INT2's 4 parts of 32 channels, INT4's 2 of 64; WGMMA layout), column 8g + 2l + e of part p being channel W p +
   (W / 4) l + 2g + e (`key_order`; q^T's rows are permuted alike, so the scores are the same sums). A thread
@@ -911,7 +919,8 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, pre
   INT2 30 loads a thread and step fewer, INT4 38 (offline SASS, s30). Each register: a `prmt` of two bytes, then
   per part the magic exponents' LOP3, the subtraction and one f16x2 fma. `folded` (`folded_minimums`): the parts
   as magic + code (`_FoldedParts`), the minimum pairs folded (16 fmas a thread a step), no subtraction a register
-  (32); `prefolded`: the minimums come folded (`fold_minimums`), none of the 16."""
+  (32); `prefolded`: the minimums come folded (`fold_minimums`), none of the 16. `one_metadata_load` (a
+  knockout, wrong by design): part 0's pairs stand for every part's, one load of scales and one of minimums."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -944,8 +953,9 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, pre
                                has_side_effects=True)  # not moved above the TMA's barrier wait
       return [llvm.extractvalue(i32, loaded, [k]) for k in range(words)]
     rows = {0: code_bytes(row), 8: code_bytes(arith.addi(row, c(8)))}
-    metadata = [[mgpu.utils.bitcast(x, half2) for part in range(parts)
-                 for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits)]
+    loaded_parts = 1 if one_metadata_load else parts
+    metadata = [[mgpu.utils.bitcast(x, half2) for part in range(loaded_parts)
+                 for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits)] * (parts // loaded_parts)
                 for ref in (scales, minimums)]
     constants = [part_constants(p, True, bits) for p in range(parts)]
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
@@ -1284,7 +1294,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   (keys), of the V wgmma (values) or both is a constant, so that a step skips those codes' shared-memory loads and
   conversions while TMA still moves every byte and the wgmmas, softmax and pipeline run as they do. Its time against
   the kernel's is what the conversions cost on a card (`kernel_experiments.sh knockout`); compiled only (not the
-  interpret mode), with `permuted_keys` and `values_in_registers`.
+  interpret mode), with `permuted_keys` and `values_in_registers`. "key_metadata", "value_metadata" and "metadata"
+  (s48) keep the conversions and cut the scales' and minimums' loads instead: every pair of the keys' (values')
+  metadata is the step's first one (one 16-byte load of scales and one of minimums for the keys, one f16 of each
+  for the values), so their time against the kernel's is what those loads cost.
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -1351,8 +1364,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if paged and not (ranged and warpgroups > 1 and dequantize_keys and not (bias_in_kernel or values_per_token)):
     raise ValueError("paged: a range of windows through a page table, with warpgroups > 1 and dequantize_keys, not "
                      "bias_in_kernel or values_per_token")
-  if knockout not in ("", "keys", "values", "both"):
-    raise ValueError(f"knockout: 'keys', 'values' or 'both', got {knockout!r}")
+  if knockout not in KNOCKOUTS:
+    raise ValueError(f"knockout: one of {KNOCKOUTS[1:]}, got {knockout!r}")
   if knockout and (interpret is not None or not (permuted_keys and values_in_registers)):
     raise ValueError("knockout: a compiled diagnostic (not the interpret mode), with permuted_keys and "
                      "values_in_registers")
@@ -1628,7 +1641,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       if knockout in ("keys", "both"):
         return [plgpu.layout_cast(jnp.full((STEP, width), 1.0, jnp.float16), layout.WGMMA) for _ in range(parts)]
       if keys_by_thread:
-        return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums, bits, prefolded_minimums)
+        return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums, bits, prefolded_minimums,
+                               one_metadata_load=knockout in ("key_metadata", "metadata"))
       if fast:
         return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma,
                                magic_exponents=magic, bits=bits, ldmatrix_metadata=ldmatrix_metadata,
@@ -1644,7 +1658,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       if values_by_ldmatrix:
         return _values_by_ldmatrix(vc_s, vs_s, vm_s, bits)
       return _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits, folded_minimums,
-                                prefolded_minimums)
+                                prefolded_minimums, one_metadata_load=knockout in ("value_metadata", "metadata"))
 
     def dequantize_values(vc_s, vs_s, vm_s, v_s):  # into v_s [64 tokens, 128 channels] f16
       if token_scaled_p:  # the interpret mode's exact codes (levels^p c, times levels^-p)
@@ -2311,6 +2325,11 @@ VARIANTS = {  # name: keyword arguments of int2_decode
         _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
         eight_column_softmax=True, narrow_scores=True, narrow_values=True, knockout=what)
        for what in ("keys", "values", "both")},
+    # (s48) the same diagnostics on the default (spread copies), and the scales' and minimums' loads cut instead
+    **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_ko_{what}": dict(
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True, knockout=what)
+       for what in KNOCKOUTS[1:]},
     # lean_folded_eight with five and six warpgroups a CTA (s39): more warps a scheduler to hide the step's chain
     # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills, main
     # loop 497 and 539 SASS against 459). Slower on an H100, batch 32 x 19,200: 124.7 and 160.2 µs against 105.7
