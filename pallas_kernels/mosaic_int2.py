@@ -319,12 +319,15 @@ class _FoldedParts:
     """The folded minimum (f16x2) of a scale and minimum pair: minimum - magic x scale, one fma."""
     return _fma_f16x2(scale, self.negated_magic[part], minimum, self.half2)
 
-  def parts_of(self, spread):
-    """spread (i32) -> each part's magic + code (f16x2), one LOP3 each, and one shift for them all."""
+  def parts_of(self, spread, parts=None):
+    """spread (i32) -> each part's magic + code (f16x2), one LOP3 each, and one shift for them all (`parts`:
+    those parts only)."""
     from jax._src.lib.mlir.dialects import arith
-    shifted = arith.shli(spread, arith.constant(self.i32, self.shift))
+    constants = self.constants if parts is None else [self.constants[p] for p in parts]
+    if any(c[0] for c in constants):
+      shifted = arith.shli(spread, arith.constant(self.i32, self.shift))
     return [_kept_bits(shifted if shift else spread, mask, exponent, self.i32, self.half2)
-            for shift, mask, exponent, _ in self.constants]
+            for shift, mask, exponent, _ in constants]
 
 
 def _fma_f16x2(x, scale, minimum, half2):
@@ -909,7 +912,7 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
 
 
 def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, prefolded=False,
-                    one_metadata_load=False):
+                    one_metadata_load=False, only_parts=None):
   """`permuted_keys`: a step's keys as the score wgmma's register operands (f16 [64, W] a part, W = H bits / 8:
   INT2's 4 parts of 32 channels, INT4's 2 of 64; WGMMA layout), column 8g + 2l + e of part p being channel W p +
   (W / 4) l + 2g + e (`key_order`; q^T's rows are permuted alike, so the scores are the same sums). A thread
@@ -920,19 +923,24 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, pre
   per part the magic exponents' LOP3, the subtraction and one f16x2 fma. `folded` (`folded_minimums`): the parts
   as magic + code (`_FoldedParts`), the minimum pairs folded (16 fmas a thread a step), no subtraction a register
   (32); `prefolded`: the minimums come folded (`fold_minimums`), none of the 16. `one_metadata_load` (a
-  knockout, wrong by design): part 0's pairs stand for every part's, one load of scales and one of minimums."""
+  knockout, wrong by design): part 0's pairs stand for every part's, one load of scales and one of minimums.
+  `only_parts`: those parts alone (their metadata's loads, conversions and fmas; the code bytes are loaded all the
+  same), so that a part's wgmma can be issued before the next part is unpacked (`interleaved_key_parts`)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
   from jax._src.lib.mlir.dialects import arith, llvm
 
   width, parts = HEAD_DIM * bits // 8, 8 // bits  # a part's channels = a row's code bytes
-  groups, words = width // 8, width // 16  # a thread's column groups (pairs of bytes) and words of a row
+  words = width // 16  # a thread's words of a row (its column groups: pairs of bytes, width // 8)
   shape, layout = (STEP, width), plgpu.Layout.WGMMA
   codes_type = _swizzled_codes(width)
   part_type = plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=layout)
 
-  @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()), return_type=(part_type,) * parts)
+  wanted = tuple(range(parts)) if only_parts is None else tuple(only_parts)
+
+  @plgpu.inline_mgpu(arg_types=(codes_type, plgpu.RefType(), plgpu.RefType()),
+                     return_type=(part_type,) * len(wanted))
   def unpack(ctx, codes, scales, minimums):
     del ctx
     i32, half2, c = _register_types()
@@ -953,27 +961,33 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, pre
                                has_side_effects=True)  # not moved above the TMA's barrier wait
       return [llvm.extractvalue(i32, loaded, [k]) for k in range(words)]
     rows = {0: code_bytes(row), 8: code_bytes(arith.addi(row, c(8)))}
-    loaded_parts = 1 if one_metadata_load else parts
-    metadata = [[mgpu.utils.bitcast(x, half2) for part in range(loaded_parts)
-                 for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits)] * (parts // loaded_parts)
-                for ref in (scales, minimums)]
+    loads = {}  # (ref, part) -> its pairs (one_metadata_load: part 0's for all)
+
+    def pairs(which, part):
+      part = 0 if one_metadata_load else part
+      if (which, part) not in loads:
+        ref = (scales, minimums)[which]
+        loads[which, part] = [mgpu.utils.bitcast(x, half2)
+                              for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits)]
+      return loads[which, part]
+    metadata = {part: [pairs(0, part), pairs(1, part)] for part in wanted}  # part -> (scale pairs, minimum pairs)
     constants = [part_constants(p, True, bits) for p in range(parts)]
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
     if folded:
       folding = _FoldedParts(bits, i32, half2)
       if not prefolded:
-        metadata[1] = [folding.minimum(s, m, i // groups) for i, (s, m) in enumerate(zip(*metadata))]
-    registers = [np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object) for _ in range(parts)]
+        metadata = {part: [s_, [folding.minimum(s, m, part) for s, m in zip(s_, m_)]]
+                    for part, (s_, m_) in metadata.items()}
+    registers = [np.empty(mgpu.WGMMA_LAYOUT.registers_shape(shape), dtype=object) for _ in wanted]
     for idx, row_offset, column in _register_offsets(shape):
       g = column // 8  # bytes 2g, 2g + 1 of the thread's: word g // 2, its bytes (2g % 4, + 1)
       first = 2 * g % 4
       spread = llvm.inline_asm(i32, [rows[row_offset][g // 2]],
                                f"prmt.b32 $0, $1, 0, 0x{0x4040 | (first + 1) << 8 | first:x};", "=r,r")
-      unpacked = folding.parts_of(spread) if folded else [
-          _part_of(spread, constants[part], magic[part], i32, half2) for part in range(parts)]
-      for part in range(parts):
-        registers[part][idx] = _fma_f16x2(unpacked[part], metadata[0][groups * part + g],
-                                          metadata[1][groups * part + g], half2)
+      unpacked = folding.parts_of(spread, wanted) if folded else [
+          _part_of(spread, constants[part], magic[part], i32, half2) for part in wanted]
+      for i, part in enumerate(wanted):
+        registers[i][idx] = _fma_f16x2(unpacked[i], metadata[part][0][g], metadata[part][1][g], half2)
     return tuple(mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None) for r in registers)
 
   return unpack(codes_ref, scale_ref, minimum_ref)
@@ -1158,7 +1172,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 token_scaled_p: bool = False, paired_steps: bool = False, narrow_scores: bool = False,
                 narrow_values: bool = False, max_windows: int | None = None, range_params=None,
                 paged: bool = False, knockout: str = "", sixteen_columns_out: bool = False,
-                fetch_warp_by_group: bool = False, prefolded_minimums: bool = False):
+                fetch_warp_by_group: bool = False, prefolded_minimums: bool = False,
+                interleaved_key_parts: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, C] (unnormalized, f32), m and l [N, J, C].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1290,6 +1305,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   `sixteen_columns_out`: the outputs 16 columns wide even with `eight_column_softmax` (8-15 empty), as before s46,
   for a comparison in one run.
 
+  `interleaved_key_parts` (with `permuted_keys`; s48): each part of the keys unpacked just before its own score
+  wgmma (`_keys_by_thread`'s `only_parts`), so that the tensor cores start on part 0 while parts 1-3 are unpacked;
+  the code bytes are loaded once a part (8 loads a step, not 2).
+
   `knockout` ("keys", "values" or "both"; a diagnostic, wrong by design): the register operand of the score wgmma
   (keys), of the V wgmma (values) or both is a constant, so that a step skips those codes' shared-memory loads and
   conversions while TMA still moves every byte and the wgmmas, softmax and pipeline run as they do. Its time against
@@ -1340,6 +1359,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError("permuted_keys: with dequantize_keys and magic_exponents, the metadata in channel order")
   if folded_minimums and not (permuted_keys or values_in_registers):
     raise ValueError("folded_minimums: the register paths', with permuted_keys or values_in_registers")
+  if interleaved_key_parts and not (permuted_keys and interpret is None and not knockout):
+    raise ValueError("interleaved_key_parts: the register path's keys (permuted_keys), compiled, no knockout")
   if prefolded_minimums and not (folded_minimums and not (values_by_ldmatrix or values_per_token)):
     raise ValueError("prefolded_minimums: minimums folded before the kernel, with folded_minimums (not "
                      "values_by_ldmatrix or values_per_token)")
@@ -1358,9 +1379,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError("narrow_scores: with eight_column_softmax (the keys dequantized), not keys_in_smem or "
                      "bias_in_kernel")
   if narrow_values and not (eight_column_softmax and values_in_registers and in_place_values
-                            and not (token_scaled_p or paired_steps or values_by_ldmatrix)):
+                            and not (token_scaled_p or paired_steps)):
     raise ValueError("narrow_values: with eight_column_softmax, values_in_registers and in_place_values, not "
-                     "token_scaled_p, paired_steps or values_by_ldmatrix")
+                     "token_scaled_p or paired_steps")
   if paged and not (ranged and warpgroups > 1 and dequantize_keys and not (bias_in_kernel or values_per_token)):
     raise ValueError("paged: a range of windows through a page table, with warpgroups > 1 and dequantize_keys, not "
                      "bias_in_kernel or values_per_token")
@@ -1723,6 +1744,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
             k_s[:, pl.ds(width * part, width)] = unpacked_keys(kc_s, (part,))[0]
           plgpu.commit_smem()
           plgpu.wgmma(s_acc, k_s, bq_s)
+        elif interleaved_key_parts:  # a part unpacked, its wgmma issued, then the next part
+          for part in range(parts):
+            key_part, = _keys_by_thread(kc_s, ks_s, kb_s, folded_minimums, bits, prefolded_minimums,
+                                        only_parts=(part,))
+            plgpu.wgmma(s_acc, key_part, query_part(part))
         else:
           keys = dequantized_keys(kc_s, ks_s, kb_s) if dequantize_keys else unpacked_keys(kc_s)
           for part in range(parts):
@@ -2319,6 +2345,21 @@ VARIANTS = {  # name: keyword arguments of int2_decode
         _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
         eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
         prefolded_minimums=True),
+    # (s48) the default with each part of the keys unpacked just before its score wgmma (`interleaved_key_parts`)
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_interleaved": dict(
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
+        interleaved_key_parts=True),
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_interleaved_prefolded": dict(
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
+        interleaved_key_parts=True, prefolded_minimums=True),
+    # (s48) the default with V's codes by ldmatrix.trans (`values_by_ldmatrix`, s35's, on the wide kernel: 3 %
+    # faster on half an H100's SMs, where the SMs bound it)
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm": dict(
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
+        values_by_ldmatrix=True),
     # (s46) diagnostics, wrong by design (`knockout`): the default's kernel with the keys', the values' or both
     # register operands constant, every byte still moved by TMA: what the conversions cost on a card
     **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_ko_{what}": dict(

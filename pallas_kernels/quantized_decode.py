@@ -163,6 +163,9 @@ class DecodeConfig:
   # INT4 pools with `permuted_keys` too (`mosaic_int2.key_order`'s 64-channel parts; untimed, s30). Off, INT4
   # pools go without it (the option was INT2's until session 30).
   int4_permuted_keys: bool = False
+  # INT4 pools keep a configuration's `values_by_ldmatrix` (s35's MOSAIC_LEAN_EIGHT_VLDSM served both widths so).
+  # Off in MOSAIC_DEFAULT (s48), whose V-by-ldmatrix kernel was timed and checked on INT2 windows' pools only.
+  int4_values_by_ldmatrix: bool = True
   # KIVI's INT2 pools with the score wgmma 8 columns wide (`mosaic_int2`'s `narrow_scores`: their keys are a
   # window's per channel, as WindowQuant's, and dequantized; the V wgmma stays 16 wide, the values not being V^T in
   # registers). The large-batch default since s46 (`MOSAIC_DEFAULT`): kivi2's 7B step at 32 x 100 2.8 % faster on
@@ -375,8 +378,15 @@ MOSAIC_FOUR_SPLITS = dataclasses.replace(MOSAIC_WIDE, mosaic_min_splits=4)  # s3
 # C's paged INT2 launches (`pool_options`). H100, one run each, float64 checks first: the INT2 kernel 99.8 / 193.2 µs
 # at batch 32 / 60 x 19,968 against 103.4 / 201.1 (`results/mosaic_int2_s47_spread_h100.md`); the 7B step at
 # 32 x 100 C 9.217 ms against 9.563, windowquant 8.421 against 8.468 (`decode_throughput_*_s47_spread_C_gpu_h100.md`).
+# Since s48 INT2 windows' pools (and C's paged INT2 launches) read V's codes by `ldmatrix.trans` (s35's
+# `values_by_ldmatrix`, now with both wgmmas narrow): two loads a step where 16 byte loads and their `prmt` were, and
+# a window's scales and minimums as pairs of channels. H100, one run, float64 checks first
+# (`results/mosaic_int2_s48_half_vldsm_h100.md`): the INT2 kernel 95.3 / 185.4 µs at batch 32 / 60 x 19,968 against
+# 100.3 / 194.5, and 90.4 against 96.5 at batch 16, where 64 CTAs on half the SMs make the SMs the bound, as on an
+# H200. INT4's pools go without it (`int4_values_by_ldmatrix`). MOSAIC_NO_VLDSM ("pallas:mosaic_no_vldsm") is s47's.
 MOSAIC_DEFAULT = dataclasses.replace(MOSAIC_WIDE, mosaic_options=tuple(
-    mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread"].items()), kivi_narrow_scores=True)
+    mosaic_int2.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm"].items()),
+    kivi_narrow_scores=True, int4_values_by_ldmatrix=False)
 
 
 def default_with(options: dict, **fields) -> DecodeConfig:
@@ -410,6 +420,8 @@ MOSAIC_KIVI_WIDE = default_with({}, kivi_narrow_scores=False)
 # "pallas:mosaic_spread" its name still; "pallas:mosaic_warp0_copies" issues them by each group's warp 0, as until s47
 MOSAIC_SPREAD = MOSAIC_DEFAULT
 MOSAIC_WARP0_COPIES = default_with(dict(fetch_warp_by_group=False))
+# (s48) The default without V's codes by ldmatrix: s47's default, for the comparison in one run
+MOSAIC_NO_VLDSM = default_with(dict(values_by_ldmatrix=False))
 # (s46) The default with the Mosaic launches' partials 16 columns wide, 8 of them empty, as they were until s46 (the
 # eight-column softmax's outputs are 8 since): the comparison in one run (`kernel_experiments.sh narrow_out`)
 MOSAIC_WIDE_OUTPUT = default_with(dict(sixteen_columns_out=True))
@@ -423,7 +435,7 @@ MOSAIC_WIDE_OUTPUT = default_with(dict(sixteen_columns_out=True))
 # concatenated copy and the combine kernel (~40 µs of 545 at batch 60 x 32k, mix; untimed).
 LARGE_BATCH_MOSAIC = {k: getattr(MOSAIC_DEFAULT, k) for k in (
     "mosaic_programs_per_multiprocessor", "mosaic_options", "fused_combine", "mosaic_min_splits", "int4_mosaic",
-    "kivi_mosaic", "kivi_token_scaled_bits", "kivi_narrow_scores")}
+    "kivi_mosaic", "kivi_token_scaled_bits", "kivi_narrow_scores", "int4_values_by_ldmatrix")}
 LARGE_BATCH_BITS = (2, 4) if LARGE_BATCH_MOSAIC["int4_mosaic"] else (2,)  # the widths its launches serve
 # The Triton kernel for every pool, at every batch ("pallas:triton": the baseline the Mosaic benches compare to).
 TRITON_ONLY = DecodeConfig(mosaic_min_pairs=None)
@@ -1003,13 +1015,15 @@ def mosaic_serves(kp: PoolArrays, vp: PoolArrays, g: int, h: int, window: int, b
 
 
 def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool = False,
-                 kivi_token_scaled: bool = False, kivi_narrow_scores: bool = False) -> dict:
+                 kivi_token_scaled: bool = False, kivi_narrow_scores: bool = False,
+                 int4_values_by_ldmatrix: bool = True) -> dict:
   """A configuration's `mosaic_int2` options as a pool of `bits` (and, with `kivi`, KIVI's values) takes them:
   an INT4 pool keeps `permuted_keys` only with `int4_permuted_keys` (and not KIVI's); `folded_minimums` is the
   register paths' for windows' values and keys, and KIVI's pools go without it (their values are not in
   registers, and folding the keys alone made ptxas spill: 593 SASS in the main loop either way, offline, s30),
   as without `values_by_ldmatrix`. `kivi_token_scaled`: KIVI's values from registers (`token_scaled_p`);
-  `kivi_narrow_scores`: KIVI's INT2 pools keep `narrow_scores`."""
+  `kivi_narrow_scores`: KIVI's INT2 pools keep `narrow_scores`; `int4_values_by_ldmatrix`: INT4 pools keep
+  `values_by_ldmatrix`."""
   options = kivi_options(options) if kivi else dict(options)
   # `paired_steps` is INT2's windows' (KIVI's values are not in registers; INT4's two-step blocks need 241 KB of
   # shared memory a CTA of four warpgroups, over 227): the others a softmax a step
@@ -1017,6 +1031,8 @@ def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool 
     options["steps_per_block"] = 1
   if bits != 2 and (kivi or not int4_permuted_keys):
     options["permuted_keys"] = False
+  if bits != 2 and not int4_values_by_ldmatrix:
+    options.pop("values_by_ldmatrix", None)
   if kivi or bits != 2:  # the 8-wide wgmmas are INT2 windows' (timed there; KIVI's V^T is not in registers)
     if not (kivi and bits == 2 and kivi_narrow_scores):
       options.pop("narrow_scores", None)
@@ -1060,7 +1076,8 @@ def mosaic_plan(pairs: int, windows: int, bits: int, config: DecodeConfig, kivi:
   """The splits and `mosaic_int2` options of a Mosaic launch over at most `windows` windows a pair."""
   options = pool_options(dict(config.mosaic_options), bits, kivi=kivi, int4_permuted_keys=config.int4_permuted_keys,
                          kivi_token_scaled=bits in config.kivi_token_scaled_bits,
-                         kivi_narrow_scores=config.kivi_narrow_scores)
+                         kivi_narrow_scores=config.kivi_narrow_scores,
+                         int4_values_by_ldmatrix=config.int4_values_by_ldmatrix)
   splits = mosaic_splits(pairs, max(1, -(-windows // 2)), config)
   return mosaic_int2.cta_splits(splits, options.get("warpgroups", 1), pairs), options  # what a CTA can take
 

@@ -488,6 +488,12 @@ def test_splits_and_window_parities_merge(interpret):
                                           paged=True, splits=4),
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread"],
                                           ranged=True, splits=2),  # (s47) the default at batch >= 45
+                                     # (s48) the default: V's codes by ldmatrix, both wgmmas narrow, a range at
+                                     # batch >= 45's 2 splits, and C's pages
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm"],
+                                          ranged=True, splits=2),
+                                     dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm"],
+                                          paged=True, splits=4),
                                      # (s48) the minimums folded before the kernel
                                      dict(mi.VARIANTS[
                                          "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded"],

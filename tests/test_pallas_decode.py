@@ -161,7 +161,8 @@ def test_large_launches_take_the_mosaic_kernel():
   assert big.int4_mosaic and big.kivi_mosaic
   assert dict(big.mosaic_options) == dict(qd.MOSAIC_LEAN_EIGHT.mosaic_options, narrow_scores=True,
                                           narrow_values=True,  # s32's kernel, its wgmmas 8 wide since s39
-                                          fetch_warp_by_group=True)  # and its copies spread since s47
+                                          fetch_warp_by_group=True,  # and its copies spread since s47
+                                          values_by_ldmatrix=True)  # and V's codes by ldmatrix since s48
   assert dict(big.mosaic_options)["eight_column_softmax"]
   assert big.mosaic_programs_per_multiprocessor == 4 and big.fused_combine  # the two sets merged in one launch
   assert dataclasses.replace(big, mosaic_min_pairs=128) == qd.MOSAIC_DEFAULT
@@ -169,8 +170,11 @@ def test_large_launches_take_the_mosaic_kernel():
                                                mosaic_min_splits=2)
   assert qd.MOSAIC_DEFAULT == dataclasses.replace(qd.MOSAIC_WIDE, mosaic_options=tuple(
       dict(qd.MOSAIC_LEAN_EIGHT.mosaic_options, narrow_scores=True, narrow_values=True,
-           fetch_warp_by_group=True).items()),  # a group's copies by its warp g % 4 since s47
-      kivi_narrow_scores=True)  # KIVI's INT2 pools' score wgmma 8 wide too since s46
+           fetch_warp_by_group=True,  # a group's copies by its warp g % 4 since s47
+           values_by_ldmatrix=True).items()),  # V's INT2 codes by ldmatrix since s48 (INT4's not)
+      kivi_narrow_scores=True,  # KIVI's INT2 pools' score wgmma 8 wide too since s46
+      int4_values_by_ldmatrix=False)
+  assert big.int4_values_by_ldmatrix is False
   if qd._multiprocessors(big) == 132:  # an H200's (or a CPU's stand-in): 4 x 132 slots hold 128 pairs x 4 splits
     assert qd.mosaic_splits(128, 306, big) == 4 and qd.mosaic_splits(128, 306, qd.MOSAIC_FOUR_WARPGROUPS) == 8
     # since s38: batch 60's 240 pairs at 2 splits (a CTA two pairs' splits), 4 before
@@ -253,6 +257,17 @@ def test_pool_options_keep_permuted_keys_to_int2():
     assert "fetch_warp_by_group" not in qd.pool_options(spread, bits, kivi=kivi)
   assert not dict(qd.MOSAIC_WARP0_COPIES.mosaic_options)["fetch_warp_by_group"]
   assert dict(qd.MOSAIC_WARP0_COPIES.mosaic_options, fetch_warp_by_group=True) == spread
+  # V's codes by ldmatrix (s48's default): INT2 windows' pools and C's paged INT2 launches; INT4's and KIVI's pools
+  # go without (`int4_values_by_ldmatrix`); "pallas:mosaic_no_vldsm" is s47's default
+  vldsm = dict(qd.MOSAIC_DEFAULT.mosaic_options)
+  assert vldsm["values_by_ldmatrix"] and qd.mosaic_plan(128, 600, 2, qd.MOSAIC_DEFAULT)[1]["values_by_ldmatrix"]
+  for bits, kivi in ((4, False), (2, True), (4, True)):
+    assert "values_by_ldmatrix" not in qd.mosaic_plan(128, 600, bits, qd.MOSAIC_DEFAULT, kivi=kivi)[1]
+  assert qd.pool_options(vldsm, 4, kivi=False)["values_by_ldmatrix"]  # where a configuration keeps INT4's (s35's)
+  assert not dict(qd.MOSAIC_NO_VLDSM.mosaic_options)["values_by_ldmatrix"]
+  assert dict(qd.MOSAIC_NO_VLDSM.mosaic_options, values_by_ldmatrix=True) == vldsm
+  assert set_options(qd.mosaic_plan(128, 600, 2, qd.MOSAIC_DEFAULT)[1]) == set_options(
+      mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm"])  # the variant timed in s48
 
 
 def test_registered_as_pallas_on_a_bf16_cache():
