@@ -82,6 +82,7 @@
 #   bash benchmarks/kernel_experiments.sh vldsm_default  # (s48) the default (V by ldmatrix) against s47's: 32k rows,
 #                                                   # the 7B step at 32 x 100 (fp16, windowquant, C)
 #   bash benchmarks/kernel_experiments.sh h200_s48  # (s48) an H200's ~9 min: kernels at 16/32/60, vldsm_default
+#   bash benchmarks/kernel_experiments.sh half_wg5  # (s48) half the SMs: five warpgroups a CTA against four
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -474,13 +475,32 @@ case "${1:-}" in
       --attention pallas pallas:mosaic_no_vldsm --methods fp16 windowquant C --out "$out" --budget-s 290 \
       --tag ${tag}_vldsm_step || echo "(stopped: vldsm_default, the 7B step)" ;;
   h200_s48)  # (s48, an H200, ~9 min) the INT2 kernel at batch 16, 32 and 60: the default (V by ldmatrix since s48),
-             # s47's, prefolded minimums and the knockouts (float64 checks first); then `vldsm_default` (issue 5's
-             # 32k rows and issue 6's 7B step at 32 x 100 with the default and s47's), kivi2 beside
+             # s47's, prefolded minimums and the knockouts (float64 checks first); issue 5's 32k rows at batch 60
+             # and 8 and issue 6's 7B step at 32 x 100 (fp16, windowquant, C, kivi2) with the default and s47's;
+             # the 7B step at 60 x 5 with the default
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread
     timeout 170 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 16 32 60 \
       --variants ${base}_vldsm $base ${base}_prefolded ${ko_variants} --tag mosaic_int2_${tag}_h200 \
       || echo "(stopped: h200_s48, kernels)"
-    "$0" vldsm_default || echo "(stopped: h200_s48, vldsm_default)" ;;
+    for shape_runs in 60,32768:32 8,32768:64; do
+      shape=${shape_runs%:*}
+      timeout 100 python benchmarks/decode_attention.py --variant-shape $shape --variant-plans mix,int2 --no-sweep \
+        --variants default,mosaic_no_vldsm --inner 1 --back-to-back ${shape_runs#*:} --gpu-time --out "$out" \
+        --tag ${tag}_vldsm_${shape/,/x} --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' \
+        || echo "(stopped: h200_s48 $shape)"
+    done
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_no_vldsm --methods fp16 windowquant C kivi2 --out "$out" --budget-s 260 \
+      --tag ${tag}_h200_step || echo "(stopped: h200_s48, 32 x 100)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 150 python -m benchmarks.decode_throughput --settings 60x5 \
+      --attention pallas --methods fp16 windowquant C kivi2 --out "$out" --budget-s 120 \
+      --tag ${tag}_h200_small || echo "(stopped: h200_s48, 60 x 5)" ;;
+  half_wg5)  # (s48) on half the SMs (batch 16: 64 CTAs) and the full machine, 19,200 tokens (a multiple of 4 and 5
+             # steps): the default (4 warpgroups a CTA, 4 splits) against five warpgroups (5 splits)
+    timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19200 --splits 4 --out "$out" --batches 16 32 \
+      --variants wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm \
+      wg5_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm --tag mosaic_int2_${tag}_half_wg5 \
+      || echo "(stopped: half_wg5)" ;;
   h200_steps)  # (s46, an H200's second call, after h200_next) issue 6's 7B step at 32 x 100: fp16, windowquant, kivi2
                # and C under "pallas", warp 0's copies (spread the default since s47), 4 stages and KIVI's 16-wide
                # scores (~6 min)
@@ -529,7 +549,7 @@ case "${1:-}" in
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
      echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
      echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps prefolded h200_s47" >&2
-     echo "half_machine half_metadata half_interleaved half_vldsm vldsm_default h200_s48" >&2
+     echo "half_machine half_metadata half_interleaved half_vldsm vldsm_default h200_s48 half_wg5" >&2
      echo "h200_short kivi_check h200_s47" >&2
      exit 2 ;;
 esac

@@ -2360,6 +2360,12 @@ VARIANTS = {  # name: keyword arguments of int2_decode
         _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
         eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
         values_by_ldmatrix=True),
+    # (s48) that with five warpgroups a CTA (96 registers a thread offline, 16 bytes of spills; s39's five were
+    # slower on a full H100, where HBM bounds the kernel more than the SMs do)
+    "wg5_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm": dict(
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
+        values_by_ldmatrix=True, warpgroups=5),
     # (s46) diagnostics, wrong by design (`knockout`): the default's kernel with the keys', the values' or both
     # register operands constant, every byte still moved by TMA: what the conversions cost on a card
     **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_ko_{what}": dict(
