@@ -474,13 +474,13 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 330 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_no_vldsm --methods fp16 windowquant C --out "$out" --budget-s 290 \
       --tag ${tag}_vldsm_step || echo "(stopped: vldsm_default, the 7B step)" ;;
-  h200_s48)  # (s48, an H200, ~9 min) the INT2 kernel at batch 16, 32 and 60: the default (V by ldmatrix since s48),
-             # s47's, prefolded minimums and the knockouts (float64 checks first); issue 5's 32k rows at batch 60
+  h200_s48)  # (s48, an H200, ~7 min) the INT2 kernel at batch 32, 60 and 16: the default (V by ldmatrix since s48),
+             # s47's and its knockouts (float64 checks first); issue 5's 32k rows at batch 60
              # and 8 and issue 6's 7B step at 32 x 100 (fp16, windowquant, C, kivi2) with the default and s47's;
              # the 7B step at 60 x 5 with the default
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread
-    timeout 170 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 16 32 60 \
-      --variants ${base}_vldsm $base ${base}_prefolded ${ko_variants} --tag mosaic_int2_${tag}_h200 \
+    timeout 130 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 16 \
+      --variants ${base}_vldsm $base ${base}_ko_keys ${base}_ko_values ${base}_ko_both --tag mosaic_int2_${tag}_h200 \
       || echo "(stopped: h200_s48, kernels)"
     for shape_runs in 60,32768:32 8,32768:64; do
       shape=${shape_runs%:*}
