@@ -1379,9 +1379,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError("narrow_scores: with eight_column_softmax (the keys dequantized), not keys_in_smem or "
                      "bias_in_kernel")
   if narrow_values and not (eight_column_softmax and values_in_registers and in_place_values
-                            and not (token_scaled_p or paired_steps)):
+                            and not token_scaled_p):
     raise ValueError("narrow_values: with eight_column_softmax, values_in_registers and in_place_values, not "
-                     "token_scaled_p or paired_steps")
+                     "token_scaled_p")
   if paged and not (ranged and warpgroups > 1 and dequantize_keys and not (bias_in_kernel or values_per_token)):
     raise ValueError("paged: a range of windows through a page table, with warpgroups > 1 and dequantize_keys, not "
                      "bias_in_kernel or values_per_token")
@@ -1854,7 +1854,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         acc = acc * wide_alpha(alpha)
 
       def attend(o_acc, p_s):
-        plgpu.wgmma(o_acc, v_slots.at[0].transpose((1, 0)), p_s)
+        plgpu.wgmma(o_acc, v_slots.at[0].transpose((1, 0)), values_b(p_s))
         plgpu.wgmma_wait(0)
         return o_acc[...]
       for i, (*_, vc_s, vs_s, vm_s) in enumerate(steps):
@@ -1864,7 +1864,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           values_wgmma(o_acc, transposed_values_of(vc_s, vs_s, vm_s), p_slots.at[i])
         else:
           dequantize_values(vc_s, vs_s, vm_s, v_slots.at[0])
-          acc = acc + pl.run_scoped(lambda o: attend(o, p_slots.at[i]), plgpu.ACC((HEAD_DIM, COLUMNS), jnp.float32))
+          acc = acc + pl.run_scoped(lambda o: attend(o, p_slots.at[i]), plgpu.ACC((HEAD_DIM, o_columns), jnp.float32))
       return acc, m_new, l_rows, e
 
     def values_wgmma(accumulator, v_operand, p_s):  # O^T += V^T P (`token_scaled_p`: a tile against its own B)
@@ -2366,6 +2366,12 @@ VARIANTS = {  # name: keyword arguments of int2_decode
         _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
         eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
         values_by_ldmatrix=True, warpgroups=5),
+    # (s48) that, a block's two steps under one softmax (`paired_steps`, s38's; 3 % faster on the wide kernel where
+    # half an H100's SMs bound it, s48)
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_paired": dict(
+        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
+        values_by_ldmatrix=True, steps_per_block=2, paired_steps=True),
     # (s46) diagnostics, wrong by design (`knockout`): the default's kernel with the keys', the values' or both
     # register operands constant, every byte still moved by TMA: what the conversions cost on a card
     **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_ko_{what}": dict(

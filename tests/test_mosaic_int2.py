@@ -281,6 +281,15 @@ def test_paired_steps_share_one_softmax(interpret, bits, warpgroups, splits, fir
   assert_range_matches((q, kc, ks, km, vc, vs, vm), first, count, windows, splits, interpret, options)
 
 
+@pytest.mark.parametrize("first,count,windows,splits", [(3, 29, 32, 2), (0, 3, 4, 4)])
+def test_paired_steps_with_narrow_wgmmas_match(interpret, first, count, windows, splits):
+  """(s48) the default's kernel (both wgmmas narrow, V by ldmatrix on a device) with a block's two steps under one
+  softmax: ranges whose last block ends mid-step or mid-window, four warpgroups, against float64."""
+  options = mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_paired"]
+  assert options["paired_steps"] and options["narrow_values"] and options["values_by_ldmatrix"]
+  assert_range_matches(random_case(19, 4, 32 * mi.WINDOW, 7), first, count, windows, splits, interpret, options)
+
+
 @pytest.mark.parametrize("bits,warpgroups,splits,first,count,windows,narrow_values", [
     (2, 4, 4, None, None, None, False), (2, 4, 2, 3, 25, 32, False), (4, 1, 2, 5, 7, 12, False),
     (2, 4, 4, None, None, None, True), (2, 4, 2, 3, 25, 32, True), (4, 1, 2, 5, 7, 12, True)])
@@ -494,6 +503,9 @@ def test_splits_and_window_parities_merge(interpret):
                                           ranged=True, splits=2),
                                      dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm"],
                                           paged=True, splits=4),
+                                     dict(mi.VARIANTS[
+                                         "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_paired"],
+                                         ranged=True, splits=4),
                                      # (s48) the minimums folded before the kernel
                                      dict(mi.VARIANTS[
                                          "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded"],
