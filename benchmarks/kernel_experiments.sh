@@ -84,6 +84,7 @@
 #   bash benchmarks/kernel_experiments.sh h200_s48  # (s48) an H200's ~9 min: kernels at 16/32/60, vldsm_default
 #   bash benchmarks/kernel_experiments.sh half_wg5  # (s48) half the SMs: five warpgroups a CTA against four
 #   bash benchmarks/kernel_experiments.sh half_paired  # (s48) half the SMs: the default with paired steps
+#   bash benchmarks/kernel_experiments.sh h200_s48_min  # (s48) an H200's ~4 min: kernels, the 7B step at 32 x 100
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -508,6 +509,16 @@ case "${1:-}" in
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm
     timeout 120 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 16 32 60 \
       --variants $base ${base}_paired --tag mosaic_int2_${tag}_half_paired || echo "(stopped: half_paired)" ;;
+  h200_s48_min)  # (s48, an H200 with ~5 minutes of budget) the INT2 kernel at batch 32 and 60: the default, s47's
+                 # and both conversions knocked out (float64 checks first); the 7B step at 32 x 100 under "pallas":
+                 # fp16, windowquant, C and kivi2
+    base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread
+    timeout 90 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 \
+      --variants ${base}_vldsm $base ${base}_ko_both --tag mosaic_int2_${tag}_h200_min \
+      || echo "(stopped: h200_s48_min, kernels)"
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 200 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas --methods fp16 windowquant C kivi2 --out "$out" --budget-s 170 --tag ${tag}_h200_min_step \
+      || echo "(stopped: h200_s48_min, 32 x 100)" ;;
   h200_steps)  # (s46, an H200's second call, after h200_next) issue 6's 7B step at 32 x 100: fp16, windowquant, kivi2
                # and C under "pallas", warp 0's copies (spread the default since s47), 4 stages and KIVI's 16-wide
                # scores (~6 min)
@@ -556,7 +567,7 @@ case "${1:-}" in
      echo "profile kivi profile_small headline two_splits h200_s38 paired warpgroups ncu_s39 narrow h200_s39" >&2
      echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
      echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps prefolded h200_s47" >&2
-     echo "half_machine half_metadata half_interleaved half_vldsm vldsm_default h200_s48 half_wg5 half_paired" >&2
+     echo "half_machine half_metadata half_interleaved half_vldsm vldsm_default h200_s48 half_wg5 half_paired h200_s48_min" >&2
      echo "h200_short kivi_check h200_s47" >&2
      exit 2 ;;
 esac
