@@ -211,8 +211,14 @@ def summarize(variant: str, ptx: Path, out: Path) -> dict:
   report, sass = kernel_sass.compile_ptx_text(ptx_88, str(out / variant / "sass"))
   loops = sorted(kernel_sass.loops(sass), key=lambda loop: -sum(loop[2].values()))
   return dict(variant=variant, report=report, loops=[
-      dict(start=hex(start), end=hex(end), instructions=sum(ops.values()), top=dict(ops.most_common(12)))
+      dict(start=hex(start), end=hex(end), instructions=sum(ops.values()), top=dict(ops.most_common(12)),
+           shared=sum(ops[op] for op in SHARED_MEMORY_OPCODES))
       for start, end, ops in loops])
+
+
+# The shared-memory loads and stores a warp issues (s48: where the SMs bound the INT2 kernel, a step's time followed
+# these, through the MIO queue, more than its arithmetic)
+SHARED_MEMORY_OPCODES = ("LDS", "LDSM", "STS", "STSM")
 
 
 def markdown(rows: list[dict], command: str, date: str, setting: str = "") -> str:
@@ -229,7 +235,8 @@ def markdown(rows: list[dict], command: str, date: str, setting: str = "") -> st
   for row in rows:
     for loop in row["loops"][:2]:
       top = ", ".join(f"{k} {v}" for k, v in loop["top"].items())
-      lines.append(f"- {row['variant']} {loop['start']}-{loop['end']} ({loop['instructions']}): {top}")
+      shared = f"; shared-memory loads and stores {loop['shared']}" if "shared" in loop else ""
+      lines.append(f"- {row['variant']} {loop['start']}-{loop['end']} ({loop['instructions']}): {top}{shared}")
   return "\n".join(lines) + "\n"
 
 
