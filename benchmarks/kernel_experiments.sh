@@ -109,6 +109,16 @@ against_default() {
     --attention pallas pallas:$2 --methods fp16 windowquant --out "$out" --budget-s 260 --tag ${tag}_$3 \
     || echo "(stopped: $3, step)"
 }
+rows_against_s47() {  # (s48) issue 5's 32k rows at batch 60 and 8, the default against s47's ("mosaic_no_vldsm")
+  for shape_runs in 60,32768:32 8,32768:64; do
+    shape=${shape_runs%:*}
+    timeout 100 python benchmarks/decode_attention.py --variant-shape $shape --variant-plans mix,int2 --no-sweep \
+      --variants default,mosaic_no_vldsm --inner 1 --back-to-back ${shape_runs#*:} --gpu-time --out "$out" \
+      --tag ${tag}_vldsm_${shape/,/x} --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' \
+      || echo "(stopped: $1 $shape)"
+  done
+}
+
 case "${1:-}" in
   kernels)
     bench --batches 32 60 --variants wg4_large_batch_ftz_vregs_permuted_keys_one_warp_fetch \
@@ -466,13 +476,7 @@ case "${1:-}" in
   vldsm_default)  # (s48) V's codes by ldmatrix, the default since s48, against s47's default ("pallas:mosaic_no_vldsm"):
                   # issue 5's 32k rows at batch 60 and 8 (errors against XLA), then the 7B step at 32 x 100: fp16,
                   # windowquant and C (its paged INT2 launches take it too); ~6 min
-    for shape_runs in 60,32768:32 8,32768:64; do
-      shape=${shape_runs%:*}
-      timeout 100 python benchmarks/decode_attention.py --variant-shape $shape --variant-plans mix,int2 --no-sweep \
-        --variants default,mosaic_no_vldsm --inner 1 --back-to-back ${shape_runs#*:} --gpu-time --out "$out" \
-        --tag ${tag}_vldsm_${shape/,/x} --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' \
-        || echo "(stopped: vldsm_default $shape)"
-    done
+    rows_against_s47 vldsm_default
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 330 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_no_vldsm --methods fp16 windowquant C --out "$out" --budget-s 290 \
       --tag ${tag}_vldsm_step || echo "(stopped: vldsm_default, the 7B step)" ;;
@@ -485,13 +489,7 @@ case "${1:-}" in
       --variants ${base}_vldsm $base ${base}_vldsm_paired ${base}_ko_keys ${base}_ko_values ${base}_ko_both \
       --tag mosaic_int2_${tag}_h200 \
       || echo "(stopped: h200_s48, kernels)"
-    for shape_runs in 60,32768:32 8,32768:64; do
-      shape=${shape_runs%:*}
-      timeout 100 python benchmarks/decode_attention.py --variant-shape $shape --variant-plans mix,int2 --no-sweep \
-        --variants default,mosaic_no_vldsm --inner 1 --back-to-back ${shape_runs#*:} --gpu-time --out "$out" \
-        --tag ${tag}_vldsm_${shape/,/x} --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' \
-        || echo "(stopped: h200_s48 $shape)"
-    done
+    rows_against_s47 h200_s48
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_no_vldsm --methods fp16 windowquant C kivi2 --out "$out" --budget-s 260 \
       --tag ${tag}_h200_step || echo "(stopped: h200_s48, 32 x 100)"

@@ -2214,6 +2214,12 @@ _LARGE_BATCH = dict(overlap_values=False, warpgroups=4, dequantize_keys=True, la
                     magic_exponents=True, approx_math=True)
 
 # Named variants of `int2_decode`'s options, as the benchmarks time them (results/decode_attention_notes.md).
+# s47's default INT2 kernel (both wgmmas narrow, each group's copies by its warp g % 4), and s48's (V's codes by
+# ldmatrix too): the bases of the s48 variants
+_SPREAD = dict(_LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
+               eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True)
+_SPREAD_VLDSM = dict(_SPREAD, values_by_ldmatrix=True)
+
 VARIANTS = {  # name: keyword arguments of int2_decode
     "plain": dict(fast_unpack=False, ptx_fma=False, auto_barriers=True),  # Mosaic's own conversions
     "run3": dict(ptx_fma=False, auto_barriers=True),  # run 3's kernel
@@ -2335,43 +2341,26 @@ VARIANTS = {  # name: keyword arguments of int2_decode
         _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
         eight_column_softmax=True, narrow_scores=True, narrow_values=True, stages=4),
     # (s46) s46's default with each warpgroup's copies issued by its warp g % 4 (`fetch_warp_by_group`): one
-    # group's copy set-up a scheduler, where scheduler 0 issued all four groups'; the default's INT2 kernel since s47
-    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread": dict(
-        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
-        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True),
-    # (s48) the default with the minimums folded before the kernel (`prefolded_minimums`, `fold_minimums`): 24
-    # fewer f16x2 fmas a thread and step; what a cache storing folded minimums would run
-    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded": dict(
-        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
-        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
-        prefolded_minimums=True),
-    # (s48) the default with each part of the keys unpacked just before its score wgmma (`interleaved_key_parts`)
-    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_interleaved": dict(
-        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
-        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
-        interleaved_key_parts=True),
+    # group's copy set-up a scheduler, where scheduler 0 issued all four groups'; the default's INT2 kernel in s47
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread": _SPREAD,
+    # (s48) that with the minimums folded before the kernel (`prefolded_minimums`, `fold_minimums`): 24 fewer f16x2
+    # fmas a thread and step, what a cache storing folded minimums would run (correct; no faster on half an H100's
+    # SMs, where the SMs bound the kernel as on an H200)
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded": dict(_SPREAD, prefolded_minimums=True),
+    # (s48) that with each part of the keys unpacked just before its score wgmma (`interleaved_key_parts`; slower)
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_interleaved": dict(_SPREAD, interleaved_key_parts=True),
     "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_interleaved_prefolded": dict(
-        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
-        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
-        interleaved_key_parts=True, prefolded_minimums=True),
-    # (s48) the default with V's codes by ldmatrix.trans (`values_by_ldmatrix`, s35's, on the wide kernel: 3 %
-    # faster on half an H100's SMs, where the SMs bound it)
-    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm": dict(
-        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
-        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
-        values_by_ldmatrix=True),
-    # (s48) that with five warpgroups a CTA (96 registers a thread offline, 16 bytes of spills; s39's five were
-    # slower on a full H100, where HBM bounds the kernel more than the SMs do)
-    "wg5_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm": dict(
-        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
-        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
-        values_by_ldmatrix=True, warpgroups=5),
-    # (s48) that, a block's two steps under one softmax (`paired_steps`, s38's; 3 % faster on the wide kernel where
-    # half an H100's SMs bound it, s48)
+        _SPREAD, interleaved_key_parts=True, prefolded_minimums=True),
+    # (s48) that with V's codes by ldmatrix.trans (`values_by_ldmatrix`, s35's, now with both wgmmas narrow): the
+    # default's INT2 kernel since s48 (6 % faster on half an H100's SMs, 5 % on the full machine)
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm": _SPREAD_VLDSM,
+    # (s48) that with five warpgroups a CTA (96 registers a thread offline, 16 bytes of spills; no faster on half an
+    # H100's SMs; s39's five were slower on a full H100)
+    "wg5_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm": dict(_SPREAD_VLDSM, warpgroups=5),
+    # (s48) that, a block's two steps under one softmax (`paired_steps`, s38's; 2 % faster on half an H100's SMs,
+    # not on the full machine)
     "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_paired": dict(
-        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
-        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True,
-        values_by_ldmatrix=True, steps_per_block=2, paired_steps=True),
+        _SPREAD_VLDSM, steps_per_block=2, paired_steps=True),
     # (s46) diagnostics, wrong by design (`knockout`): the default's kernel with the keys', the values' or both
     # register operands constant, every byte still moved by TMA: what the conversions cost on a card
     **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_ko_{what}": dict(
@@ -2379,9 +2368,7 @@ VARIANTS = {  # name: keyword arguments of int2_decode
         eight_column_softmax=True, narrow_scores=True, narrow_values=True, knockout=what)
        for what in ("keys", "values", "both")},
     # (s48) the same diagnostics on the default (spread copies), and the scales' and minimums' loads cut instead
-    **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_ko_{what}": dict(
-        _LARGE_BATCH, values_in_registers=True, permuted_keys=True, fetch_by_one_warp=True, folded_minimums=True,
-        eight_column_softmax=True, narrow_scores=True, narrow_values=True, fetch_warp_by_group=True, knockout=what)
+    **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_ko_{what}": dict(_SPREAD, knockout=what)
        for what in KNOCKOUTS[1:]},
     # lean_folded_eight with five and six warpgroups a CTA (s39): more warps a scheduler to hide the step's chain
     # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills, main
