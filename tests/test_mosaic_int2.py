@@ -932,6 +932,23 @@ def test_prefolded_minimums_match(interpret, bits):
   np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, q.shape[1])), want, atol=1e-2, rtol=0)
 
 
+def test_interleaved_key_parts_lower_and_are_refused_where_they_cannot_go(interpret):
+  """`interleaved_key_parts` (s48, an option: slower on an H100, its float64 checks passed there) lowers for CUDA
+  with each key part's wgmma issued after its unpacking, and is refused where the register path's keys are not
+  run (the interpret mode, unpermuted keys) or with a knockout."""
+  import jax
+  options = mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_interleaved"]
+  case = random_case(0, 4, 512, 7)
+  shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in case]
+  text = jax.jit(lambda q, *pool: mi.range_partials(q, *pool, 3, 9, windows=12, splits=4, **options)).trace(
+      *shapes).lower(lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  for change, kwargs in ((dict(), dict(interpret=interpret)), (dict(permuted_keys=False), {}),
+                         (dict(knockout="values"), {})):
+    with pytest.raises(ValueError, match="interleaved_key_parts"):
+      mi.attend(*case, splits=4, options=tuple(dict(options, **change).items()), **kwargs)
+
+
 def test_prefolded_minimums_are_refused_where_they_cannot_go():
   with pytest.raises(ValueError, match="prefolded_minimums"):
     mi.attend(*random_case(16, 1, 4 * mi.WINDOW, 7), splits=1, options=(("prefolded_minimums", True),))
