@@ -85,6 +85,8 @@
 #   bash benchmarks/kernel_experiments.sh half_wg5  # (s48) half the SMs: five warpgroups a CTA against four
 #   bash benchmarks/kernel_experiments.sh half_paired  # (s48) half the SMs: the default with paired steps
 #   bash benchmarks/kernel_experiments.sh h200_s48_min  # (s48) an H200's ~4 min: kernels, the 7B step at 32 x 100
+#   bash benchmarks/kernel_experiments.sh half_scaling  # (s49) half the SMs: the default's keys, values or both as
+#                                                   # magic + code alone (no scales, minimums, loads or fmas)
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -468,6 +470,14 @@ case "${1:-}" in
     timeout 200 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 16 32 \
       --variants $base ${base}_interleaved ${base}_interleaved_prefolded ${base}_prefolded \
       --tag mosaic_int2_${tag}_half_interleaved || echo "(stopped: half_interleaved)" ;;
+  half_scaling)  # (s49) on half the SMs (batch 16) and the full machine (32): the default against its keys', values'
+                 # or both operands as magic + code alone (knockouts "key_scaling", "value_scaling", "scaling": no
+                 # scales, minimums, their loads or fmas; 381 / 387 / 333 SASS in the hot loop against 434) and
+                 # against the whole conversions knocked out: the most a factored form could gain before its own work
+    base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm
+    timeout 200 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 16 32 \
+      --variants $base ${base}_ko_key_scaling ${base}_ko_value_scaling ${base}_ko_scaling ${base}_ko_keys \
+      ${base}_ko_both --tag mosaic_int2_${tag}_half_scaling || echo "(stopped: half_scaling)" ;;
   half_vldsm)  # (s48) on half the SMs and the full machine: the default with V's codes by ldmatrix.trans (both
                # wgmmas narrow), float64 checks first
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread
@@ -481,12 +491,14 @@ case "${1:-}" in
       --attention pallas pallas:mosaic_no_vldsm --methods fp16 windowquant C --out "$out" --budget-s 290 \
       --tag ${tag}_vldsm_step || echo "(stopped: vldsm_default, the 7B step)" ;;
   h200_s48)  # (s48, an H200, ~7 min) the INT2 kernel at batch 32, 60 and 16: the default (V by ldmatrix since s48),
-             # s47's and its knockouts (float64 checks first); issue 5's 32k rows at batch 60
+             # s47's, paired steps and the default's knockouts (s49: the scaling ones, `half_scaling`'s, and the
+             # whole conversions; float64 checks first); issue 5's 32k rows at batch 60
              # and 8 and issue 6's 7B step at 32 x 100 (fp16, windowquant, C, kivi2) with the default and s47's;
              # the 7B step at 60 x 5 with the default
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread
-    timeout 130 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 16 \
-      --variants ${base}_vldsm $base ${base}_vldsm_paired ${base}_ko_keys ${base}_ko_values ${base}_ko_both \
+    timeout 170 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 16 \
+      --variants ${base}_vldsm $base ${base}_vldsm_paired ${base}_vldsm_ko_key_scaling ${base}_vldsm_ko_value_scaling \
+      ${base}_vldsm_ko_scaling ${base}_vldsm_ko_both \
       --tag mosaic_int2_${tag}_h200 \
       || echo "(stopped: h200_s48, kernels)"
     rows_against_s47 h200_s48

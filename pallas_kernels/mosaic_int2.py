@@ -59,7 +59,8 @@ from jax import lax
 
 WINDOW, STEP, HEAD_DIM, COLUMNS = 32, 64, 128, 16
 # `int2_decode`'s diagnostics (wrong by design): what a step skips
-KNOCKOUTS = ("", "keys", "values", "both", "key_metadata", "value_metadata", "metadata")
+KNOCKOUTS = ("", "keys", "values", "both", "key_metadata", "value_metadata", "metadata", "key_scaling",
+             "value_scaling", "scaling")
 _NEG = -1e30
 
 
@@ -824,7 +825,7 @@ def _store_token_scaled(tiles, minimum_terms, o_ref, width: int = COLUMNS):
   store(*tiles, *minimum_terms, o_ref)
 
 
-def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
+def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2, codes_only=False):
   """`values_by_ldmatrix`: `_values_transposed` (folded minimums) with a thread's rows (`ldmatrix_value_channel`)
   two parts of two adjacent code bytes. Two `ldmatrix.x4.trans` a thread and step bring them: each of the 8
   matrices is 8 tokens x 16 bytes (the warp's chunk of a row, `ldmatrix_value_chunk`), and `.trans` gives
@@ -834,7 +835,8 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
   INT4 one a part, none for b0's high nibble) puts a part's bits under its magic exponent, one LOP3 a part keeps
   them, and one f16x2 fma with the scale and folded minimum dequantizes them. The scales and minimums of a
   window and part are a pair of channels, one 32-bit load, and one fold a pair: 8 metadata loads and 4 folds a
-  step where the byte-column rows took 16 and 8."""
+  step where the byte-column rows took 16 and 8. `codes_only` (a knockout, wrong by design): the parts as magic +
+  code, with no scale, minimum or their loads."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -903,6 +905,9 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
     for idx, row, token in _register_offsets(shape):
       i, h, m = token // 8, (row % STEP) // 8, row // STEP
       _, mask, exponent, _ = constants[m]
+      if codes_only:
+        registers[idx] = _kept_bits(rotated(i, h, m), mask, exponent, i32, half2)
+        continue
       scale, minimum = pairs(token // WINDOW, m)
       registers[idx] = _fma_f16x2(_kept_bits(rotated(i, h, m), mask, exponent, i32, half2), broadcast(scale, h),
                                   broadcast(minimum, h), half2)
@@ -912,7 +917,7 @@ def _values_by_ldmatrix(codes_ref, scale_ref, minimum_ref, bits=2):
 
 
 def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, prefolded=False,
-                    one_metadata_load=False, only_parts=None):
+                    one_metadata_load=False, only_parts=None, codes_only=False):
   """`permuted_keys`: a step's keys as the score wgmma's register operands (f16 [64, W] a part, W = H bits / 8:
   INT2's 4 parts of 32 channels, INT4's 2 of 64; WGMMA layout), column 8g + 2l + e of part p being channel W p +
   (W / 4) l + 2g + e (`key_order`; q^T's rows are permuted alike, so the scores are the same sums). A thread
@@ -925,7 +930,9 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, pre
   (32); `prefolded`: the minimums come folded (`fold_minimums`), none of the 16. `one_metadata_load` (a
   knockout, wrong by design): part 0's pairs stand for every part's, one load of scales and one of minimums.
   `only_parts`: those parts alone (their metadata's loads, conversions and fmas; the code bytes are loaded all the
-  same), so that a part's wgmma can be issued before the next part is unpacked (`interleaved_key_parts`)."""
+  same), so that a part's wgmma can be issued before the next part is unpacked (`interleaved_key_parts`).
+  `codes_only` (a knockout, wrong by design; with `folded`): each part as magic + code, with no scale, minimum or
+  their loads, what a factored form with the scales in q's operand would leave of the keys' conversions."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -970,7 +977,7 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, pre
         loads[which, part] = [mgpu.utils.bitcast(x, half2)
                               for x in _metadata_in_thread_order(ref, window, part, lane_pair, i32, bits)]
       return loads[which, part]
-    metadata = {part: [pairs(0, part), pairs(1, part)] for part in wanted}  # part -> (scale pairs, minimum pairs)
+    metadata = {} if codes_only else {part: [pairs(0, part), pairs(1, part)] for part in wanted}  # (scales, minimums)
     constants = [part_constants(p, True, bits) for p in range(parts)]
     magic = [mgpu.utils.bitcast(c(0x10001 * k[2]), half2) for k in constants]
     if folded:
@@ -987,7 +994,8 @@ def _keys_by_thread(codes_ref, scale_ref, minimum_ref, folded=False, bits=2, pre
       unpacked = folding.parts_of(spread, wanted) if folded else [
           _part_of(spread, constants[part], magic[part], i32, half2) for part in wanted]
       for i, part in enumerate(wanted):
-        registers[i][idx] = _fma_f16x2(unpacked[i], metadata[part][0][g], metadata[part][1][g], half2)
+        registers[i][idx] = unpacked[i] if codes_only else _fma_f16x2(
+            unpacked[i], metadata[part][0][g], metadata[part][1][g], half2)
     return tuple(mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None) for r in registers)
 
   return unpack(codes_ref, scale_ref, minimum_ref)
@@ -1316,7 +1324,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   interpret mode), with `permuted_keys` and `values_in_registers`. "key_metadata", "value_metadata" and "metadata"
   (s48) keep the conversions and cut the scales' and minimums' loads instead: every pair of the keys' (values')
   metadata is the step's first one (one 16-byte load of scales and one of minimums for the keys, one f16 of each
-  for the values), so their time against the kernel's is what those loads cost.
+  for the values), so their time against the kernel's is what those loads cost. "key_scaling", "value_scaling"
+  and "scaling" (s49) keep the code loads and conversions and drop the scales, minimums, their loads and the
+  fmas (the operands are magic + code): what a factored form, the scales moved to the other operand and the
+  minimums and magic numbers to biases, would leave a step before the work it adds.
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -1390,6 +1401,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if knockout and (interpret is not None or not (permuted_keys and values_in_registers)):
     raise ValueError("knockout: a compiled diagnostic (not the interpret mode), with permuted_keys and "
                      "values_in_registers")
+  if knockout in ("key_scaling", "scaling") and not folded_minimums:
+    raise ValueError(f"knockout {knockout!r}: the keys as magic + code need folded_minimums")
+  if knockout in ("value_scaling", "scaling") and not values_by_ldmatrix:
+    raise ValueError(f"knockout {knockout!r}: the values as magic + code need values_by_ldmatrix")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1663,7 +1678,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         return [plgpu.layout_cast(jnp.full((STEP, width), 1.0, jnp.float16), layout.WGMMA) for _ in range(parts)]
       if keys_by_thread:
         return _keys_by_thread(kc_s, ks_s, km_s, folded_minimums, bits, prefolded_minimums,
-                               one_metadata_load=knockout in ("key_metadata", "metadata"))
+                               one_metadata_load=knockout in ("key_metadata", "metadata"),
+                               codes_only=knockout in ("key_scaling", "scaling"))
       if fast:
         return _unpacked_parts(plgpu.load(kc_s, layout=layout.WGMMA), ks_s, km_s, ptx_fma=ptx_fma,
                                magic_exponents=magic, bits=bits, ldmatrix_metadata=ldmatrix_metadata,
@@ -1677,7 +1693,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       if scaled_codes:
         return _value_codes_transposed(vc_s, bits)
       if values_by_ldmatrix:
-        return _values_by_ldmatrix(vc_s, vs_s, vm_s, bits)
+        return _values_by_ldmatrix(vc_s, vs_s, vm_s, bits, codes_only=knockout in ("value_scaling", "scaling"))
       return _values_transposed(vc_s, vs_s, vm_s, metadata_in_thread_order, bits, folded_minimums,
                                 prefolded_minimums, one_metadata_load=knockout in ("value_metadata", "metadata"))
 
@@ -2369,6 +2385,10 @@ VARIANTS = {  # name: keyword arguments of int2_decode
        for what in ("keys", "values", "both")},
     # (s48) the same diagnostics on the default (spread copies), and the scales' and minimums' loads cut instead
     **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_ko_{what}": dict(_SPREAD, knockout=what)
+       for what in KNOCKOUTS[1:7]},
+    # (s49) the default's (V by ldmatrix) with each of those, and with the keys', the values' or both operands as
+    # magic + code alone (no scale, minimum or their loads): what a factored form would leave of the conversions
+    **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_ko_{what}": dict(_SPREAD_VLDSM, knockout=what)
        for what in KNOCKOUTS[1:]},
     # lean_folded_eight with five and six warpgroups a CTA (s39): more warps a scheduler to hide the step's chain
     # (the wgmma waits, s36's ncu), at 96 and 80 registers a thread (offline: 48 and 128 bytes of spills, main

@@ -335,7 +335,8 @@ def test_narrow_scores_need_the_eight_column_softmax():
 
 @pytest.mark.parametrize("what,base", [("keys", ""), ("values", ""), ("both", ""), ("keys", "_spread"),
                                        ("key_metadata", "_spread"), ("value_metadata", "_spread"),
-                                       ("metadata", "_spread")])
+                                       ("metadata", "_spread"), ("key_scaling", "_spread_vldsm"),
+                                       ("scaling", "_spread_vldsm")])
 def test_knockouts_lower_and_are_refused_where_they_cannot_go(interpret, what, base):
   """`knockout` (s46's diagnostic, wrong by design; s48's metadata loads cut) lowers for CUDA, and is refused in the
   interpret mode (which could only check it against nothing), by another name, and off the register paths."""
@@ -353,6 +354,17 @@ def test_knockouts_lower_and_are_refused_where_they_cannot_go(interpret, what, b
     mi.attend(*case, splits=4, options=tuple(dict(options, knockout="scores").items()))
   with pytest.raises(ValueError, match="knockout: a compiled diagnostic"):
     mi.attend(*case, splits=4, options=tuple(dict(options, permuted_keys=False).items()))
+
+
+@pytest.mark.parametrize("what,changes,needs", [("key_scaling", {"folded_minimums": False}, "folded_minimums"),
+                                                ("value_scaling", {}, "values_by_ldmatrix")])
+def test_scaling_knockouts_are_refused_off_their_paths(what, changes, needs):
+  """s49's knockouts keep a path's conversions and drop its scaling: refused where that path is not taken (s47's
+  default: V's codes by byte loads, not ldmatrix)."""
+  options = dict(mi.VARIANTS["wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread"], knockout=what, **changes)
+  case = random_case(0, 4, 512, 7)
+  with pytest.raises(ValueError, match=f"knockout {what!r}: .* need {needs}"):
+    mi.attend(*case, splits=4, options=tuple(options.items()))
 
 
 def test_query_rows_are_q_padded_to_eight_heads_in_f16():
