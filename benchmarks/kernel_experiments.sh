@@ -87,6 +87,7 @@
 #   bash benchmarks/kernel_experiments.sh h200_s48_min  # (s48) an H200's ~4 min: kernels, the 7B step at 32 x 100
 #   bash benchmarks/kernel_experiments.sh half_scaling  # (s49) half the SMs: the default's keys, values or both as
 #                                                   # magic + code alone (no scales, minimums, loads or fmas)
+#   bash benchmarks/kernel_experiments.sh half_factored  # (s49) half the SMs: the factored keys against the default
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -478,6 +479,13 @@ case "${1:-}" in
     timeout 200 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 16 32 \
       --variants $base ${base}_ko_key_scaling ${base}_ko_value_scaling ${base}_ko_scaling ${base}_ko_keys \
       ${base}_ko_both --tag mosaic_int2_${tag}_half_scaling || echo "(stopped: half_scaling)" ;;
+  half_factored)  # (s49) on half the SMs and the full machine: the factored keys (`factored_keys`: q^T times a step's
+                  # scales as B, the keys as magic + code, the minimums a bias) against the default and its keys'
+                  # scaling knocked out (what the factored form could gain at most), float64 checks first
+    base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm
+    timeout 200 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 16 32 60 \
+      --variants $base ${base}_factored ${base}_ko_key_scaling --tag mosaic_int2_${tag}_half_factored \
+      || echo "(stopped: half_factored)" ;;
   half_vldsm)  # (s48) on half the SMs and the full machine: the default with V's codes by ldmatrix.trans (both
                # wgmmas narrow), float64 checks first
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread

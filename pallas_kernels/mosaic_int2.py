@@ -179,6 +179,17 @@ def key_bias(q: jax.Array, k_min: jax.Array) -> jax.Array:
   return jnp.concatenate([bias, bias], axis=2)
 
 
+def factored_bias(q: jax.Array, k_scale: jax.Array, k_min: jax.Array, magic: bool = True,
+                  bits: int = 2) -> jax.Array:
+  """`factored_keys`' bias [N, W, 16] f32: q . (m - magic x s) a window and head, with the magic number of each
+  channel's part (`folded_part_constants`: the keys come as magic + code), in f32 with no rounding of the fold;
+  `magic=False` (the interpret mode's exact codes): `key_bias` of the minimums."""
+  if not magic:
+    return key_bias(q, k_min)
+  folded = k_min.astype(jnp.float32) - jnp.asarray(_part_magic(bits)) * k_scale.astype(jnp.float32)
+  return key_bias(q, folded)
+
+
 def range_bias(q: jax.Array, k_min: jax.Array, first, count, windows: int,
                steps_per_block: int = 1) -> tuple[jax.Array, jax.Array]:
   """`key_bias` over a layer's range [first, first + count) of a pool (data; `windows` >= count, static):
@@ -1096,10 +1107,11 @@ def _column_reduce(x, op: str, scratch_ref):
   return reduce(x, scratch_ref)
 
 
-def _scaled_query(q, scale_ref):
+def _scaled_query(q, scale_ref, permuted: bool = False):
   """q^T [128, 16] f16 (WGMMA layout) times the step's key scales ([2, H] ref): column c takes window
   c // 8's. A register holds two columns of one window (pairs never straddle the 8-column blocks), so one
-  f16x2 multiply by the channel's scale, loaded once and doubled."""
+  f16x2 multiply by the channel's scale, loaded once and doubled. `permuted`: q^T's rows in INT2's `key_order`
+  (row 32p + 8g + 2l + e is channel 32p + 8l + 2g + e: the scale read from there)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -1114,7 +1126,12 @@ def _scaled_query(q, scale_ref):
     half2 = ir.VectorType.get((2,), ir.F16Type.get())
     registers = np.empty_like(q.registers)
     for (idx, reg), (row, col) in zip(np.ndenumerate(q.registers), q.layout.thread_idxs(q.shape)):
-      window = arith.divui(col, arith.constant(ir.IndexType.get(), COLUMNS // 2))
+      index = lambda v: arith.constant(ir.IndexType.get(), v)
+      window = arith.divui(col, index(COLUMNS // 2))
+      if permuted:  # swap the 2-bit fields g (bits 3-4) and l (bits 1-2)
+        g, l = (arith.andi(arith.shrui(row, index(k)), index(3)) for k in (3, 1))
+        row = arith.ori(arith.andi(row, index(~0x1E)),
+                        arith.ori(arith.shli(g, index(1)), arith.shli(l, index(3))))
       registers[idx] = arith.mulf(reg, vector.broadcast(half2, memref.load(scale_ref, [window, row])))
     return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
@@ -1181,7 +1198,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 narrow_values: bool = False, max_windows: int | None = None, range_params=None,
                 paged: bool = False, knockout: str = "", sixteen_columns_out: bool = False,
                 fetch_warp_by_group: bool = False, prefolded_minimums: bool = False,
-                interleaved_key_parts: bool = False):
+                interleaved_key_parts: bool = False, factored_keys: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, C] (unnormalized, f32), m and l [N, J, C].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1329,6 +1346,16 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   fmas (the operands are magic + code): what a factored form, the scales moved to the other operand and the
   minimums and magic numbers to biases, would leave a step before the work it adds.
 
+  `factored_keys` (s49, with `dequantize_keys`, `eight_column_softmax`, `permuted_keys` and `folded_minimums`, not
+  `narrow_scores`; a whole pool, not a range): the factored form. k_bias is the key minimums [N, W, H], as with
+  `dequantize_keys`, but the keys go to the score wgmma as magic + code (`_keys_by_thread`'s `codes_only`: one
+  LOP3 a pair of codes, no scale, minimum, their loads or fma), and each step writes q^T times its two windows'
+  scales (`_scaled_query`: columns 0-7 the first window's, 8-15 the second's) to the wgmma's B; a row takes its
+  window's 8 columns, plus the bias sum_c q_c (m_c - magic_c s_c) (f32, `factored_bias`, one XLA pass). The
+  scaled q's f16 rounding then weighs magic + code where the dequantized key's weighed the key: an error of up to
+  (magic + 3) 2^-11 |q s| a channel (magic 4-64), against 2^-11 |k| q for the dequantized keys. The interpret
+  mode runs the same factored sum with the codes' exact parts (the plain path) and the plain minimums' bias.
+
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
   window in k_bias (`range_bias`). The ceil(count / 2) steps, in blocks of `steps_per_block`, are shared
@@ -1405,6 +1432,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError(f"knockout {knockout!r}: the keys as magic + code need folded_minimums")
   if knockout in ("value_scaling", "scaling") and not values_by_ldmatrix:
     raise ValueError(f"knockout {knockout!r}: the values as magic + code need values_by_ldmatrix")
+  if factored_keys and not (dequantize_keys and eight_column_softmax and permuted_keys and folded_minimums
+                            and not (narrow_scores or ranged or paired_steps or interleaved_key_parts
+                                     or prefolded_minimums or bias_in_kernel)):
+    raise ValueError("factored_keys: with dequantize_keys, eight_column_softmax, permuted_keys and folded_minimums, "
+                     "over a whole pool; not narrow_scores, paired_steps, interleaved_key_parts, "
+                     "prefolded_minimums or bias_in_kernel")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1427,6 +1460,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     if k_bias.shape[2] != HEAD_DIM or (ranged and max_windows is None):
       raise ValueError(f"bias_in_kernel takes the key minimums [N, windows, {HEAD_DIM}] (and a range's "
                        f"max_windows), got {k_bias.shape}, max_windows={max_windows}")
+  elif factored_keys:
+    if k_bias.shape != k_scale.shape:
+      raise ValueError(f"factored_keys takes the key minimums [N, windows, {HEAD_DIM}], got {k_bias.shape}")
+    k_bias = factored_bias(q, k_scale, k_bias, magic=fast_unpack and interpret is None, bits=code_bits(k_codes))
   elif (k_bias.shape[2] != (HEAD_DIM if dequantize_keys else COLUMNS)
         or (not ranged and k_bias.shape[1] != tokens // WINDOW)):
     raise ValueError(f"k_bias: a bias [N, windows, {COLUMNS}] from key_bias (range_bias for a range), or with "
@@ -1469,7 +1506,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   # With the keys permuted, row 8g + 2l + e of a part is channel (W / 4) l + 2g + e, as the keys' columns
   # (`key_order`): q's channels permuted before its sum over the heads, where XLA fuses the permutation into it
   qk = key_order(q, bits, axis=2) if keys_by_thread else q  # q's channels in the keys' order
-  qt = query_rows(qk) if narrow_scores else query_operands(qk, part_scaled=not (magic or dequantize_keys), bits=bits)
+  qt = query_rows(qk) if narrow_scores else query_operands(
+      qk, part_scaled=not (magic or (dequantize_keys and not factored_keys)), bits=bits)
   q_raw = query_operands(q, part_scaled=False) if bias_in_kernel else qt  # q^T for the minimums' products
 
   def swizzled(row_bytes, dtype):  # the interpret mode takes plain buffers
@@ -1543,7 +1581,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       q = None
     else:  # several warpgroups: through bq_s, which the first step overwrites (allocations are the CTA's there)
       q = load_query(bq_s) if groups > 1 else pl.run_scoped(load_query, smem((HEAD_DIM, COLUMNS), jnp.float16))
-      if dequantize_keys and groups == 1:  # q^T once: the keys carry their own scales (bq_s has it otherwise)
+      if dequantize_keys and groups == 1 and not factored_keys:  # q^T once: the keys carry their own scales
         bq_s[...] = q
         plgpu.commit_smem()
     ones_s = group_scratch[-1] if values_scaled_after else None
@@ -1674,6 +1712,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       return values * (metadata(scale_ref, part) * jnp.float16(levels ** -part)) + metadata(minimum_ref, part)
 
     def dequantized_keys(kc_s, ks_s, km_s):  # `dequantize_keys`: code x scale + minimum, f16 [64, 32] a part
+      if factored_keys:  # magic + code (the plain path: the exact parts), the scales in q^T
+        return _keys_by_thread(kc_s, ks_s, ks_s, True, bits, codes_only=True) if keys_by_thread else unpacked_keys(kc_s)
       if knockout in ("keys", "both"):
         return [plgpu.layout_cast(jnp.full((STEP, width), 1.0, jnp.float16), layout.WGMMA) for _ in range(parts)]
       if keys_by_thread:
@@ -1744,9 +1784,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       p_s = p_slots if token_scaled_p else p_slots.at[slot]  # `token_scaled_p`: a B a V^T tile
       if in_place and not defer:  # the previous step's V wgmma has read v_s and p_s before they are rewritten
         plgpu.wgmma_wait(0)
-      if not dequantize_keys:  # q^T times the step's key scales
+      if factored_keys or not dequantize_keys:  # q^T times the step's key scales
         if fast:
-          bq_s[...] = _scaled_query(q, ks_s)
+          bq_s[...] = _scaled_query(q, ks_s, permuted=keys_by_thread)
         else:
           bq_s[...] = (q.astype(jnp.float32) * per_column(ks_s)).astype(jnp.float16)
         plgpu.commit_smem()
@@ -1790,7 +1830,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         v_operand = [v_s.at[:, pl.ds(STEP * m, STEP)].transpose((1, 0)) for m in range(2)]
       else:
         v_operand = v_s.transpose((1, 0))
-      if dequantize_keys:  # kb_s holds the minimums, already in the keys; a range masks past its count
+      if factored_keys:  # each row its window's 8 columns, plus that window's bias
+        bias = [lax.broadcast_in_dim(plgpu.load(kb_s.at[w], layout=layout.WGMMA.reduce(0)), s.shape, [1])
+                for w in range(2)]
+        s = s + jnp.where(first_half, bias[0], bias[1])
+        s = jnp.where(row_window == 0, s[:, :soft], s[:, soft:])
+      elif dequantize_keys:  # kb_s holds the minimums, already in the keys; a range masks past its count
         past = first_window + 2 * index  # the step's first window, from the range's start
         if eight_column_softmax:  # both windows' rows in columns 0-7: nothing to mask but a range's end
           s = s[:, :soft]
@@ -1955,7 +2000,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         token_metadata = lambda: plgpu.BlockSpec((value_rows * spb, value_columns), lambda s: (begin + s, 0))
         bias = plgpu.BlockSpec((2 * spb, COLUMNS), lambda s: (begin + s, 0))
       specs, inputs = [codes(), metadata(), bias, codes(), metadata(), metadata()], [kc_g, ks_g, kb_g, vc_g, vs_g, vm_g]
-      if dequantize_keys:  # the key minimums, beside the scales
+      if dequantize_keys and not factored_keys:  # the key minimums, beside the scales
         specs[2] = metadata()
       if values_per_token:
         specs[4:] = [token_metadata(), token_metadata()]
@@ -1978,8 +2023,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
       sources = [kc_g, ks_g, kb_g, vc_g, vs_g, vm_g]
       rows = [STEP * spb, 2 * spb, 2 * spb, STEP * spb, value_rows * spb, value_rows * spb]
       value_first = WINDOW // 2 * start if values_per_token else start
-      first = [WINDOW * start, start, start if dequantize_keys else bias_row, WINDOW * start, value_first,
-               value_first]
+      first = [WINDOW * start, start, start if dequantize_keys and not factored_keys else bias_row, WINDOW * start,
+               value_first, value_first]
 
       def fetch(index):  # block `index` of the split into its slot
         slot = lax.rem(index, stages)
@@ -2084,8 +2129,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     scratch += [smem((groups, *range_params.shape), jnp.int32), smem((groups, HEAD_DIM, out_columns), jnp.float32),
                 smem((groups, 2, out_columns), jnp.float32),
                 codes_of(), blocks_of((2 * spb, HEAD_DIM), jnp.float16),
-                blocks_of((2 * spb, HEAD_DIM), jnp.float16) if dequantize_keys else blocks_of((2 * spb, COLUMNS),
-                                                                                               jnp.float32),
+                blocks_of((2 * spb, HEAD_DIM), jnp.float16) if dequantize_keys and not factored_keys
+                else blocks_of((2 * spb, COLUMNS), jnp.float32),
                 codes_of(), blocks_of((value_rows * spb, value_columns), jnp.float16),
                 blocks_of((value_rows * spb, value_columns), jnp.float16),
                 plgpu.Barrier(num_arrivals=6 * (2 * spb if paged else 1), num_barriers=groups * stages),
@@ -2386,6 +2431,9 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # (s48) the same diagnostics on the default (spread copies), and the scales' and minimums' loads cut instead
     **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_ko_{what}": dict(_SPREAD, knockout=what)
        for what in KNOCKOUTS[1:7]},
+    # (s49) the factored form (`factored_keys`): keys as magic + code, q^T times a step's scales, the wide score wgmma
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored": dict(
+        _SPREAD_VLDSM, narrow_scores=False, factored_keys=True),
     # (s49) the default's (V by ldmatrix) with each of those, and with the keys', the values' or both operands as
     # magic + code alone (no scale, minimum or their loads): what a factored form would leave of the conversions
     **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_ko_{what}": dict(_SPREAD_VLDSM, knockout=what)

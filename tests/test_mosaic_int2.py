@@ -1158,3 +1158,46 @@ def test_offline_sass_tool_takes_the_serialized_module():
   from benchmarks import mosaic_sass
   module = mosaic_sass.serialized_module("wg4_large_batch_ftz_vregs", batch=8, tokens=512, splits=4)
   assert module[:4] == b"ML\xefR"  # MLIR's bytecode magic
+
+
+FACTORED = "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored"
+
+
+def test_factored_keys_match(interpret):
+  """`factored_keys` (s49): q^T times each step's key scales as the score wgmma's B, the keys' codes as its A and
+  the minimums as a bias a window, each row taking its window's 8 columns, over a pool of four warpgroups' splits,
+  against float64 (the interpret mode's exact codes; the register path's magic + code is checked on a device by
+  `mosaic_int2_bench`)."""
+  case = random_case(19, 4, 32 * mi.WINDOW, 7)
+  out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(mi.VARIANTS[FACTORED].items())))
+  np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
+
+
+def test_factored_bias_is_q_against_the_folded_minimums():
+  """The bias of magic + code keys: q . (m - magic s) in f32 a window and head (columns 8-15 again), so that
+  (magic + c) s q + bias = (c s + m) q; without magic, q . m."""
+  q, _, ks, km, *_ = random_case(20, 2, 4 * mi.WINDOW, 7)
+  got = np.asarray(mi.factored_bias(q, ks, km))
+  magic = np.array([mi.folded_part_constants(c // 32, 2)[3] for c in range(mi.HEAD_DIM)])
+  want = np.einsum("ngh,nwh->nwg", q.astype(np.float64), km.astype(np.float64) - magic * ks.astype(np.float64))
+  assert got.shape == (2, 4, 16) and not got[..., 7].any()
+  np.testing.assert_allclose(got[..., :7], want, rtol=1e-5, atol=1e-4)
+  np.testing.assert_array_equal(got[..., 8:], got[..., :8])
+  np.testing.assert_allclose(np.asarray(mi.factored_bias(q, ks, km, magic=False)), np.asarray(mi.key_bias(q, km)))
+
+
+def test_factored_keys_lower_and_are_refused_where_they_cannot_go():
+  """`factored_keys` lowers for CUDA (the scaled q^T a step, the keys as magic + code) and is refused over a range,
+  with narrow scores or without the keys' permuted register path."""
+  import jax
+  options = mi.VARIANTS[FACTORED]
+  case = random_case(0, 4, 512, 7)
+  shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in case]
+  text = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=4, **options)).trace(*shapes).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
+  with pytest.raises(ValueError, match="factored_keys"):
+    mi.range_partials(*case, 3, 9, windows=12, splits=4, **options)
+  for change in (dict(narrow_scores=True), dict(permuted_keys=False)):
+    with pytest.raises(ValueError, match="factored_keys"):
+      mi.attend(*case, splits=4, options=tuple(dict(options, **change).items()))
