@@ -499,14 +499,14 @@ case "${1:-}" in
       --attention pallas pallas:mosaic_no_vldsm --methods fp16 windowquant C --out "$out" --budget-s 290 \
       --tag ${tag}_vldsm_step || echo "(stopped: vldsm_default, the 7B step)" ;;
   h200_s48)  # (s48, an H200, ~7 min) the INT2 kernel at batch 32, 60 and 16: the default (V by ldmatrix since s48),
-             # s47's, paired steps and the default's knockouts (s49: the scaling ones, `half_scaling`'s, and the
-             # whole conversions; float64 checks first); issue 5's 32k rows at batch 60
+             # s47's, s49's factored keys, paired steps and the default's knockouts (s49: the scaling ones,
+             # `half_scaling`'s, and the whole conversions; float64 checks first); issue 5's 32k rows at batch 60
              # and 8 and issue 6's 7B step at 32 x 100 (fp16, windowquant, C, kivi2) with the default and s47's;
              # the 7B step at 60 x 5 with the default
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread
     timeout 170 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 16 \
-      --variants ${base}_vldsm $base ${base}_vldsm_paired ${base}_vldsm_ko_key_scaling ${base}_vldsm_ko_value_scaling \
-      ${base}_vldsm_ko_scaling ${base}_vldsm_ko_both \
+      --variants ${base}_vldsm $base ${base}_vldsm_factored ${base}_vldsm_paired ${base}_vldsm_ko_key_scaling \
+      ${base}_vldsm_ko_value_scaling ${base}_vldsm_ko_scaling ${base}_vldsm_ko_both \
       --tag mosaic_int2_${tag}_h200 \
       || echo "(stopped: h200_s48, kernels)"
     rows_against_s47 h200_s48
