@@ -484,7 +484,8 @@ case "${1:-}" in
                   # scaling knocked out (what the factored form could gain at most), float64 checks first
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm
     timeout 200 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 16 32 60 \
-      --variants $base ${base}_factored ${base}_ko_key_scaling --tag mosaic_int2_${tag}_half_factored \
+      --variants $base ${base}_factored ${base}_factored_exact ${base}_ko_key_scaling \
+      --tag mosaic_int2_${tag}_half_factored \
       || echo "(stopped: half_factored)" ;;
   half_vldsm)  # (s48) on half the SMs and the full machine: the default with V's codes by ldmatrix.trans (both
                # wgmmas narrow), float64 checks first

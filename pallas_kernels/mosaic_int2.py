@@ -1198,7 +1198,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 narrow_values: bool = False, max_windows: int | None = None, range_params=None,
                 paged: bool = False, knockout: str = "", sixteen_columns_out: bool = False,
                 fetch_warp_by_group: bool = False, prefolded_minimums: bool = False,
-                interleaved_key_parts: bool = False, factored_keys: bool = False):
+                interleaved_key_parts: bool = False, factored_keys: bool = False, factored_exact: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, C] (unnormalized, f32), m and l [N, J, C].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1355,6 +1355,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   scaled q's f16 rounding then weighs magic + code where the dequantized key's weighed the key: an error of up to
   (magic + 3) 2^-11 |q s| a channel (magic 4-64), against 2^-11 |k| q for the dequantized keys. The interpret
   mode runs the same factored sum with the codes' exact parts (the plain path) and the plain minimums' bias.
+  `factored_exact` (with `factored_keys`): the magic numbers' share taken off by a second pass of wgmmas over the
+  same B, A the constant -magic of each part, so that it cancels the rounded B's share exactly (f32 sums) and the
+  bias is q . m alone: 8 more wgmmas a step, the error back to the f32 sums'.
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -1438,6 +1441,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError("factored_keys: with dequantize_keys, eight_column_softmax, permuted_keys and folded_minimums, "
                      "over a whole pool; not narrow_scores, paired_steps, interleaved_key_parts, "
                      "prefolded_minimums or bias_in_kernel")
+  if factored_exact and not factored_keys:
+    raise ValueError("factored_exact: the factored keys' magic numbers cancelled by wgmma, with factored_keys")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1463,7 +1468,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   elif factored_keys:
     if k_bias.shape != k_scale.shape:
       raise ValueError(f"factored_keys takes the key minimums [N, windows, {HEAD_DIM}], got {k_bias.shape}")
-    k_bias = factored_bias(q, k_scale, k_bias, magic=fast_unpack and interpret is None, bits=code_bits(k_codes))
+    k_bias = factored_bias(q, k_scale, k_bias, magic=fast_unpack and interpret is None and not factored_exact,
+                           bits=code_bits(k_codes))
   elif (k_bias.shape[2] != (HEAD_DIM if dequantize_keys else COLUMNS)
         or (not ranged and k_bias.shape[1] != tokens // WINDOW)):
     raise ValueError(f"k_bias: a bias [N, windows, {COLUMNS}] from key_bias (range_bias for a range), or with "
@@ -1809,6 +1815,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           keys = dequantized_keys(kc_s, ks_s, kb_s) if dequantize_keys else unpacked_keys(kc_s)
           for part in range(parts):
             plgpu.wgmma(s_acc, keys[part], query_part(part))
+          if factored_exact and keys_by_thread:  # minus magic x B, exactly: the keys' magic numbers' share
+            for part in range(parts):
+              plgpu.wgmma(s_acc, plgpu.layout_cast(jnp.full((STEP, width), -_part_magic(bits)[width * part],
+                                                            jnp.float16), layout.WGMMA), query_part(part))
         if overlap_values and register_values:
           values_t = transposed_values_of(vc_s, vs_s, vm_s)
         elif overlap_values:
@@ -2434,6 +2444,9 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # (s49) the factored form (`factored_keys`): keys as magic + code, q^T times a step's scales, the wide score wgmma
     "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored": dict(
         _SPREAD_VLDSM, narrow_scores=False, factored_keys=True),
+    # that, the magic numbers' share cancelled by a second pass of wgmmas (`factored_exact`): the bias q . m alone
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored_exact": dict(
+        _SPREAD_VLDSM, narrow_scores=False, factored_keys=True, factored_exact=True),
     # (s49) the default's (V by ldmatrix) with each of those, and with the keys', the values' or both operands as
     # magic + code alone (no scale, minimum or their loads): what a factored form would leave of the conversions
     **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_ko_{what}": dict(_SPREAD_VLDSM, knockout=what)

@@ -1163,13 +1163,14 @@ def test_offline_sass_tool_takes_the_serialized_module():
 FACTORED = "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored"
 
 
-def test_factored_keys_match(interpret):
+@pytest.mark.parametrize("variant", [FACTORED, FACTORED + "_exact"])
+def test_factored_keys_match(interpret, variant):
   """`factored_keys` (s49): q^T times each step's key scales as the score wgmma's B, the keys' codes as its A and
   the minimums as a bias a window, each row taking its window's 8 columns, over a pool of four warpgroups' splits,
   against float64 (the interpret mode's exact codes; the register path's magic + code is checked on a device by
   `mosaic_int2_bench`)."""
   case = random_case(19, 4, 32 * mi.WINDOW, 7)
-  out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(mi.VARIANTS[FACTORED].items())))
+  out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(mi.VARIANTS[variant].items())))
   np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
 
 
@@ -1193,9 +1194,12 @@ def test_factored_keys_lower_and_are_refused_where_they_cannot_go():
   options = mi.VARIANTS[FACTORED]
   case = random_case(0, 4, 512, 7)
   shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in case]
-  text = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=4, **options)).trace(*shapes).lower(
-      lowering_platforms=("cuda",)).as_text()
-  assert "mosaic_gpu" in text
+  for lowered in (options, mi.VARIANTS[FACTORED + "_exact"]):
+    text = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=4, **lowered)).trace(*shapes).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in text
+  with pytest.raises(ValueError, match="factored_exact"):
+    mi.attend(*case, splits=4, options=tuple(dict(mi.VARIANTS[FACTORED + "_exact"], factored_keys=False).items()))
   with pytest.raises(ValueError, match="factored_keys"):
     mi.range_partials(*case, 3, 9, windows=12, splits=4, **options)
   for change in (dict(narrow_scores=True), dict(permuted_keys=False)):
