@@ -484,7 +484,7 @@ case "${1:-}" in
                   # scaling knocked out (what the factored form could gain at most), float64 checks first
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm
     timeout 200 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 16 32 60 \
-      --variants $base ${base}_factored ${base}_factored_exact ${base}_ko_key_scaling \
+      --variants $base ${base}_factored ${base}_factored_pairs ${base}_factored_exact ${base}_ko_key_scaling \
       --tag mosaic_int2_${tag}_half_factored \
       || echo "(stopped: half_factored)" ;;
   half_vldsm)  # (s48) on half the SMs and the full machine: the default with V's codes by ldmatrix.trans (both
@@ -506,7 +506,7 @@ case "${1:-}" in
              # the 7B step at 60 x 5 with the default
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread
     timeout 170 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 16 \
-      --variants ${base}_vldsm $base ${base}_vldsm_factored ${base}_vldsm_paired ${base}_vldsm_ko_key_scaling \
+      --variants ${base}_vldsm $base ${base}_vldsm_factored_pairs ${base}_vldsm_paired ${base}_vldsm_ko_key_scaling \
       ${base}_vldsm_ko_value_scaling ${base}_vldsm_ko_scaling ${base}_vldsm_ko_both \
       --tag mosaic_int2_${tag}_h200 \
       || echo "(stopped: h200_s48, kernels)"

@@ -1138,6 +1138,53 @@ def _scaled_query(q, scale_ref, permuted: bool = False):
   return scaled(q, scale_ref)
 
 
+def _scaled_permuted_query(q, scale_ref):
+  """`_scaled_query` for INT2's permuted q^T rows (`key_order`), its scales by 8-byte loads: a thread's rows r
+  and r + 8 of a 64-row tile are channels c and c + 2 of one aligned group of 4 (r = 16w + j, j < 8: row bit 3
+  is 0, and it becomes channel bit 1), so one `ld.shared.b64` a tile and window brings both, and a `prmt`
+  broadcasts each (half e = c % 2 of a word): 4 loads a step where 8 scalar ones took one a register."""
+  from jax.experimental.mosaic import gpu as mgpu
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+  from jax._src.lib.mlir import ir
+  from jax._src.lib.mlir.dialects import arith, llvm
+
+  wgmma = plgpu.Layout.WGMMA
+  shape = (HEAD_DIM, COLUMNS)
+
+  @plgpu.inline_mgpu(arg_types=(wgmma, plgpu.RefType()),
+                     return_type=plgpu.ShapeDtypeStruct(shape, jnp.float16, layout=wgmma))
+  def scaled(ctx, q, scale_ref):
+    del ctx
+    i32, half2, c = _register_types()
+    thread = mgpu.utils.thread_idx()
+    row = _first_row(thread, c)  # 16w + j: bit 0 is e, bits 1-2 the field l, bit 4 the field g's high bit
+    base = arith.addi(arith.shli(arith.andi(arith.shrui(row, c(1)), c(3)), c(3)),  # 8 l
+                      arith.shli(arith.andi(arith.shrui(row, c(3)), c(3)), c(1)))  # + 2 g (g even: a group of 4)
+    selector = arith.select(arith.cmpi(arith.CmpIPredicate.ne, arith.andi(row, c(1)), c(0)), c(0x3232), c(0x1010))
+    pointer = llvm.ptrtoint(i32, mgpu.utils.memref_ptr(scale_ref))
+    pair_type = ir.Type.parse("!llvm.struct<(i32, i32)>")
+    loaded = {}
+
+    def scale(tile, window, half):  # channel base + 32 (2 tile) + 2 half + e of the window, in both halves
+      if (tile, window) not in loaded:
+        channel = arith.addi(base, c(64 * tile))  # rows 64 t + r: part 2t + bit 5 of r, p = (64 t + r) // 32
+        channel = arith.addi(channel, arith.andi(row, c(32)))
+        address = arith.addi(pointer, arith.muli(arith.addi(channel, c(window * HEAD_DIM)), c(2)))
+        words = llvm.inline_asm(pair_type, [address], "ld.shared.v2.b32 {$0, $1}, [$2];", "=r,=r,r",
+                                has_side_effects=True)
+        loaded[tile, window] = [llvm.extractvalue(i32, words, [k]) for k in range(2)]
+      word = loaded[tile, window][half]
+      return mgpu.utils.bitcast(llvm.inline_asm(i32, [word, selector], "prmt.b32 $0, $1, $1, $2;", "=r,r,r"), half2)
+
+    registers = np.empty_like(q.registers)
+    for idx, row_offset, column in _register_offsets(shape):
+      registers[idx] = arith.mulf(q.registers[idx], scale(row_offset // 64, column // (COLUMNS // 2),
+                                                          (row_offset % 64) // 8))
+    return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+
+  return scaled(q, scale_ref)
+
+
 def part_constants(part: int, magic_exponents: bool, bits: int = 2) -> tuple[int, int, int]:
   """Per 16-bit half holding a code byte under `prmt`'s high byte (0x64, or 0 with `magic_exponents`):
   the AND mask, the bits OR-ed in after it, and the f16 bits of the magic number then subtracted. The
@@ -1198,7 +1245,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 narrow_values: bool = False, max_windows: int | None = None, range_params=None,
                 paged: bool = False, knockout: str = "", sixteen_columns_out: bool = False,
                 fetch_warp_by_group: bool = False, prefolded_minimums: bool = False,
-                interleaved_key_parts: bool = False, factored_keys: bool = False, factored_exact: bool = False):
+                interleaved_key_parts: bool = False, factored_keys: bool = False, factored_exact: bool = False,
+                paired_scale_loads: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, C] (unnormalized, f32), m and l [N, J, C].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1357,7 +1405,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   mode runs the same factored sum with the codes' exact parts (the plain path) and the plain minimums' bias.
   `factored_exact` (with `factored_keys`): the magic numbers' share taken off by a second pass of wgmmas over the
   same B, A the constant -magic of each part, so that it cancels the rounded B's share exactly (f32 sums) and the
-  bias is q . m alone: 8 more wgmmas a step, the error back to the f32 sums'.
+  bias is q . m alone: 8 more wgmmas a step, the error back to the f32 sums'. `paired_scale_loads` (with
+  `factored_keys`): the step's scales by 4 8-byte loads a thread, not 8 2-byte ones (`_scaled_permuted_query`).
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -1441,6 +1490,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError("factored_keys: with dequantize_keys, eight_column_softmax, permuted_keys and folded_minimums, "
                      "over a whole pool; not narrow_scores, paired_steps, interleaved_key_parts, "
                      "prefolded_minimums or bias_in_kernel")
+  if paired_scale_loads and not factored_keys:
+    raise ValueError("paired_scale_loads: the factored keys' scales by 8-byte loads, with factored_keys")
   if factored_exact and not factored_keys:
     raise ValueError("factored_exact: the factored keys' magic numbers cancelled by wgmma, with factored_keys")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
@@ -1792,7 +1843,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         plgpu.wgmma_wait(0)
       if factored_keys or not dequantize_keys:  # q^T times the step's key scales
         if fast:
-          bq_s[...] = _scaled_query(q, ks_s, permuted=keys_by_thread)
+          bq_s[...] = (_scaled_permuted_query(q, ks_s) if keys_by_thread and paired_scale_loads
+                       else _scaled_query(q, ks_s, permuted=keys_by_thread))
         else:
           bq_s[...] = (q.astype(jnp.float32) * per_column(ks_s)).astype(jnp.float16)
         plgpu.commit_smem()
@@ -2447,6 +2499,9 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # that, the magic numbers' share cancelled by a second pass of wgmmas (`factored_exact`): the bias q . m alone
     "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored_exact": dict(
         _SPREAD_VLDSM, narrow_scores=False, factored_keys=True, factored_exact=True),
+    # the factored keys with the scales by 8-byte loads (`paired_scale_loads`)
+    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored_pairs": dict(
+        _SPREAD_VLDSM, narrow_scores=False, factored_keys=True, paired_scale_loads=True),
     # (s49) the default's (V by ldmatrix) with each of those, and with the keys', the values' or both operands as
     # magic + code alone (no scale, minimum or their loads): what a factored form would leave of the conversions
     **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_ko_{what}": dict(_SPREAD_VLDSM, knockout=what)

@@ -1163,7 +1163,7 @@ def test_offline_sass_tool_takes_the_serialized_module():
 FACTORED = "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored"
 
 
-@pytest.mark.parametrize("variant", [FACTORED, FACTORED + "_exact"])
+@pytest.mark.parametrize("variant", [FACTORED, FACTORED + "_exact", FACTORED + "_pairs"])
 def test_factored_keys_match(interpret, variant):
   """`factored_keys` (s49): q^T times each step's key scales as the score wgmma's B, the keys' codes as its A and
   the minimums as a bias a window, each row taking its window's 8 columns, over a pool of four warpgroups' splits,
@@ -1194,12 +1194,13 @@ def test_factored_keys_lower_and_are_refused_where_they_cannot_go():
   options = mi.VARIANTS[FACTORED]
   case = random_case(0, 4, 512, 7)
   shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in case]
-  for lowered in (options, mi.VARIANTS[FACTORED + "_exact"]):
+  for lowered in (options, mi.VARIANTS[FACTORED + "_exact"], mi.VARIANTS[FACTORED + "_pairs"]):
     text = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=4, **lowered)).trace(*shapes).lower(
         lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in text
-  with pytest.raises(ValueError, match="factored_exact"):
-    mi.attend(*case, splits=4, options=tuple(dict(mi.VARIANTS[FACTORED + "_exact"], factored_keys=False).items()))
+  for option in ("exact", "pairs"):
+    with pytest.raises(ValueError, match="factored_exact|paired_scale_loads"):
+      mi.attend(*case, splits=4, options=tuple(dict(mi.VARIANTS[f"{FACTORED}_{option}"], factored_keys=False).items()))
   with pytest.raises(ValueError, match="factored_keys"):
     mi.range_partials(*case, 3, 9, windows=12, splits=4, **options)
   for change in (dict(narrow_scores=True), dict(permuted_keys=False)):
