@@ -521,6 +521,7 @@ VARIANTS = {
     "mosaic_spread": qd.MOSAIC_SPREAD,  # (s46) a group's copies issued by its warp g % 4 (the default since s47)
     "mosaic_warp0_copies": qd.MOSAIC_WARP0_COPIES,  # (s47) by its warp 0, as until s47
     "mosaic_no_vldsm": qd.MOSAIC_NO_VLDSM,  # (s48) V's INT2 codes by byte loads, as until s48 (ldmatrix.trans since)
+    "mosaic_factored": qd.MOSAIC_FACTORED,  # (s49) INT2 windows' keys factored: scales in q's operand, minimums a bias
     "mosaic_wide_output": qd.MOSAIC_WIDE_OUTPUT,  # (s46) the partials 16 columns wide, 8 empty, as until s46
     "mosaic_kivi_wide": qd.MOSAIC_KIVI_WIDE,  # KIVI's INT2 pools' score wgmma 16 wide (until s46; since, 8)
     # s33: the large-batch configuration's merge as one program a (request, KV head) (the combine's grid before

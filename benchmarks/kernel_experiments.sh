@@ -88,6 +88,7 @@
 #   bash benchmarks/kernel_experiments.sh half_scaling  # (s49) half the SMs: the default's keys, values or both as
 #                                                   # magic + code alone (no scales, minimums, loads or fmas)
 #   bash benchmarks/kernel_experiments.sh half_factored  # (s49) half the SMs: the factored keys against the default
+#   bash benchmarks/kernel_experiments.sh factored_step  # (s49) the 7B step at 32 x 100 with the factored keys
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -487,6 +488,15 @@ case "${1:-}" in
       --variants $base ${base}_factored ${base}_factored_pairs ${base}_factored_exact ${base}_ko_key_scaling \
       --tag mosaic_int2_${tag}_half_factored \
       || echo "(stopped: half_factored)" ;;
+  factored_step)  # (s49) the 7B step at 32 x 100 with INT2 windows' keys factored ("pallas:mosaic_factored") against
+                  # the default, fp16 beside; then one layer at issue 5's batch 60 x 32k (mix, int2)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_factored --methods fp16 windowquant --out "$out" --budget-s 260 \
+      --tag ${tag}_factored_step || echo "(stopped: factored_step)"
+    timeout 130 python benchmarks/decode_attention.py --variant-shape 60,32768 --variant-plans mix,int2 --no-sweep \
+      --variants default,mosaic_factored --inner 1 --back-to-back 32 --gpu-time --out "$out" \
+      --tag ${tag}_factored_60x32768 --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' \
+      || echo "(stopped: factored_step, b60)" ;;
   half_vldsm)  # (s48) on half the SMs and the full machine: the default with V's codes by ldmatrix.trans (both
                # wgmmas narrow), float64 checks first
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread

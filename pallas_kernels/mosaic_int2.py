@@ -190,17 +190,26 @@ def factored_bias(q: jax.Array, k_scale: jax.Array, k_min: jax.Array, magic: boo
   return key_bias(q, folded)
 
 
+def factored_magic(interpret, fast_unpack: bool = True, factored_exact: bool = False) -> bool:
+  """Whether `factored_keys`' keys come as magic + code, so that its bias must take the magic numbers' share: the
+  register path's (not the interpret mode's exact codes, nor `factored_exact`'s cancelling wgmmas)."""
+  return fast_unpack and interpret is None and not factored_exact
+
+
 def range_bias(q: jax.Array, k_min: jax.Array, first, count, windows: int,
-               steps_per_block: int = 1) -> tuple[jax.Array, jax.Array]:
+               steps_per_block: int = 1, k_scale: jax.Array | None = None,
+               magic: bool = False) -> tuple[jax.Array, jax.Array]:
   """`key_bias` over a layer's range [first, first + count) of a pool (data; `windows` >= count, static):
   the biases of `windows` windows from `first` moved back where they would run off the pool (an in-bounds
   slice, no gather), windows outside the range -1e30, then 2 x `steps_per_block` rows of -1e30 (what a
-  block's last steps read past the count). Returns the bias and the row of window `first` in it."""
+  block's last steps read past the count). Returns the bias and the row of window `first` in it. With `k_scale`,
+  `factored_bias`'s (`magic`: of keys as magic + code) over the slice."""
   pool = k_min.shape[1]
   windows = min(windows, pool)
   start = jnp.clip(first, 0, pool - windows)
   index = start + jnp.arange(windows)
-  bias = key_bias(q, lax.dynamic_slice_in_dim(k_min, start, windows, axis=1))
+  sliced = lambda x: lax.dynamic_slice_in_dim(x, start, windows, axis=1)
+  bias = key_bias(q, sliced(k_min)) if k_scale is None else factored_bias(q, sliced(k_scale), sliced(k_min), magic)
   bias = jnp.where(((index >= first) & (index < first + count))[None, :, None], bias, _NEG)
   return jnp.pad(bias, ((0, 0), (0, 2 * steps_per_block), (0, 0)), constant_values=_NEG), first - start
 
@@ -1485,11 +1494,11 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   if knockout in ("value_scaling", "scaling") and not values_by_ldmatrix:
     raise ValueError(f"knockout {knockout!r}: the values as magic + code need values_by_ldmatrix")
   if factored_keys and not (dequantize_keys and eight_column_softmax and permuted_keys and folded_minimums
-                            and not (narrow_scores or ranged or paired_steps or interleaved_key_parts
+                            and not (narrow_scores or paged or paired_steps or interleaved_key_parts
                                      or prefolded_minimums or bias_in_kernel)):
-    raise ValueError("factored_keys: with dequantize_keys, eight_column_softmax, permuted_keys and folded_minimums, "
-                     "over a whole pool; not narrow_scores, paired_steps, interleaved_key_parts, "
-                     "prefolded_minimums or bias_in_kernel")
+    raise ValueError("factored_keys: with dequantize_keys, eight_column_softmax, permuted_keys and folded_minimums; "
+                     "not paged, narrow_scores, paired_steps, interleaved_key_parts, prefolded_minimums or "
+                     "bias_in_kernel")
   if paired_scale_loads and not factored_keys:
     raise ValueError("paired_scale_loads: the factored keys' scales by 8-byte loads, with factored_keys")
   if factored_exact and not factored_keys:
@@ -1516,11 +1525,16 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     if k_bias.shape[2] != HEAD_DIM or (ranged and max_windows is None):
       raise ValueError(f"bias_in_kernel takes the key minimums [N, windows, {HEAD_DIM}] (and a range's "
                        f"max_windows), got {k_bias.shape}, max_windows={max_windows}")
-  elif factored_keys:
+  elif factored_keys and not ranged:
     if k_bias.shape != k_scale.shape:
-      raise ValueError(f"factored_keys takes the key minimums [N, windows, {HEAD_DIM}], got {k_bias.shape}")
-    k_bias = factored_bias(q, k_scale, k_bias, magic=fast_unpack and interpret is None and not factored_exact,
+      raise ValueError(f"factored_keys takes the key minimums [N, windows, {HEAD_DIM}] (a range: `factored_bias` "
+                       f"over it), got {k_bias.shape}")
+    k_bias = factored_bias(q, k_scale, k_bias, magic=factored_magic(interpret, fast_unpack, factored_exact),
                            bits=code_bits(k_codes))
+  elif factored_keys:
+    if k_bias.shape[2] != COLUMNS:
+        raise ValueError(f"factored_keys over a range takes its bias [N, windows, {COLUMNS}] (`range_partials`), "
+                       f"got {k_bias.shape}")
   elif (k_bias.shape[2] != (HEAD_DIM if dequantize_keys else COLUMNS)
         or (not ranged and k_bias.shape[1] != tokens // WINDOW)):
     raise ValueError(f"k_bias: a bias [N, windows, {COLUMNS}] from key_bias (range_bias for a range), or with "
@@ -2267,7 +2281,10 @@ def range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, c
   spb = options.get("steps_per_block", 1)
   if options.get("bias_in_kernel") and in_kernel_bias_rows(windows, splits, spb) > MAX_BIAS_ROWS:
     options = dict(options, bias_in_kernel=False)  # too many windows a split to hold their biases
-  if options.get("dequantize_keys"):  # the kernel reads the minimums at the range's windows
+  if options.get("factored_keys"):  # the minimums (and the keys' magic numbers) as a bias a window
+    magic = factored_magic(interpret, options.get("fast_unpack", True), options.get("factored_exact", False))
+    bias, bias_row = range_bias(q, k_min, first, count, windows, spb, k_scale=k_scale, magic=magic)
+  elif options.get("dequantize_keys"):  # the kernel reads the minimums at the range's windows
     bias, bias_row = k_min, jnp.int32(0)
   elif options.get("bias_in_kernel"):
     bias, bias_row, options = k_min, jnp.int32(0), dict(options, max_windows=windows)
@@ -2293,6 +2310,7 @@ def paged_partials(q, k_heap, v_heap, page_table, first, count, *, bits: int, sp
   """Partials (`int2_decode`'s o_t, m, l) over entries first ... first + count - 1 of a layer's page table
   (`format_starts` [W], int32: records of `bits` bits in ablation C's heaps, uint16 [B, K, U]), each window read
   where its record lies (`paged`); first and count data (the splits' trip counts follow count, as a range's)."""
+  options = unfactored(options)  # (the paged kernel's keys carry their scales)
   pages = page_table.shape[0]
   if pages > MAX_PAGES:
     raise ValueError(f"paged: a page table of at most {MAX_PAGES} windows a layer, got {pages}")
@@ -2305,6 +2323,15 @@ def paged_partials(q, k_heap, v_heap, page_table, first, count, *, bits: int, sp
   vc, vm = heap_views(v_heap, bits)
   return int2_decode(q, kc, km, km, vc, vm, vm, splits=splits, interpret=interpret, range_params=params, paged=True,
                      **options)
+
+
+def unfactored(options: dict) -> dict:
+  """Options without `factored_keys` (and its `factored_exact`, `paired_scale_loads`), the score wgmma back to 8
+  columns (`narrow_scores`) where they set it 16: what launches the factored form does not serve take."""
+  if not options.get("factored_keys"):
+    return options
+  options = {k: v for k, v in options.items() if k not in ("factored_keys", "factored_exact", "paired_scale_loads")}
+  return dict(options, narrow_scores=True) if options.get("eight_column_softmax") else options
 
 
 def pool_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, *, splits: int, interpret=None,

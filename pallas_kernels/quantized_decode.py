@@ -422,6 +422,11 @@ MOSAIC_SPREAD = MOSAIC_DEFAULT
 MOSAIC_WARP0_COPIES = default_with(dict(fetch_warp_by_group=False))
 # (s48) The default without V's codes by ldmatrix: s47's default, for the comparison in one run
 MOSAIC_NO_VLDSM = default_with(dict(values_by_ldmatrix=False))
+# (s49) INT2 windows' pools with the factored keys (`mosaic_int2`'s `factored_keys`: q^T times a step's scales as the
+# score wgmma's B, the keys as magic + code with no scale, minimum or fma, the minimums and magic numbers a bias a
+# window from one XLA pass; `paired_scale_loads`); INT4's, KIVI's and C's paged launches keep the default's
+# (`unfactored`). On half an H100's SMs the keys' scaling cost 13 % of the kernel (`mosaic_int2_s49_half_scaling`)
+MOSAIC_FACTORED = default_with(dict(narrow_scores=False, factored_keys=True, paired_scale_loads=True))
 # (s46) The default with the Mosaic launches' partials 16 columns wide, 8 of them empty, as they were until s46 (the
 # eight-column softmax's outputs are 8 since): the comparison in one run (`kernel_experiments.sh narrow_out`)
 MOSAIC_WIDE_OUTPUT = default_with(dict(sixteen_columns_out=True))
@@ -1025,6 +1030,8 @@ def pool_options(options: dict, bits: int, kivi: bool, int4_permuted_keys: bool 
   `kivi_narrow_scores`: KIVI's INT2 pools keep `narrow_scores`; `int4_values_by_ldmatrix`: INT4 pools keep
   `values_by_ldmatrix`."""
   options = kivi_options(options) if kivi else dict(options)
+  if kivi or bits != 2:  # the factored keys are INT2 windows' (s49): the others keep their keys' scales
+    options = mosaic_int2.unfactored(options)
   # `paired_steps` is INT2's windows' (KIVI's values are not in registers; INT4's two-step blocks need 241 KB of
   # shared memory a CTA of four warpgroups, over 227): the others a softmax a step
   if (kivi or bits != 2) and options.pop("paired_steps", False):

@@ -60,6 +60,8 @@
     "pallas:mosaic_spread"  the default (since s47): each warpgroup's copies issued by its warp g % 4 (s46)
     "pallas:mosaic_warp0_copies"  the default, each warpgroup's copies issued by its warp 0 (until s47)
     "pallas:mosaic_no_vldsm"  the default, V's INT2 codes by byte loads, not ldmatrix.trans (until s48)
+    "pallas:mosaic_factored"  the default, INT2 windows' pools with the factored keys (s49: the scales in q's
+                              operand, the keys as magic + code, the minimums a bias a window)
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
     "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)
@@ -163,3 +165,4 @@ if mosaic_int2.available():
   register_variant("pallas:mosaic_spread", quantized_decode.MOSAIC_SPREAD)
   register_variant("pallas:mosaic_warp0_copies", quantized_decode.MOSAIC_WARP0_COPIES)
   register_variant("pallas:mosaic_no_vldsm", quantized_decode.MOSAIC_NO_VLDSM)
+  register_variant("pallas:mosaic_factored", quantized_decode.MOSAIC_FACTORED)

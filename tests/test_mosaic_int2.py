@@ -23,6 +23,9 @@ def interpret():
   return mi.interpret_params() if jax.default_backend() == "cpu" else None
 
 
+FACTORED = "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored"  # s49's factored keys
+
+
 def random_case(seed, pairs, tokens, groups, bits=2):
   rng = np.random.default_rng(seed)
   q = (rng.normal(size=(pairs, groups, mi.HEAD_DIM)) * 0.3).astype(np.float32)
@@ -518,6 +521,8 @@ def test_splits_and_window_parities_merge(interpret):
                                      dict(mi.VARIANTS[
                                          "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_paired"],
                                          ranged=True, splits=4),
+                                     # (s49) the factored keys over a range (the bias a window from XLA)
+                                     dict(mi.VARIANTS[FACTORED + "_pairs"], ranged=True, splits=2),
                                      # (s48) the minimums folded before the kernel
                                      dict(mi.VARIANTS[
                                          "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded"],
@@ -981,7 +986,7 @@ def test_bad_shapes_are_refused():
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "lagged_max",
                                      "int2_int4", "merged", "values_after", "ftz", "ftz_block2", "vregs_int4",
                                      "lean_eight", "two_splits", "paired", "narrow", "wide", "two_warpgroups",
-                                     "triton_first", "wide_output"])
+                                     "triton_first", "wide_output", "factored"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
@@ -1024,7 +1029,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 two_warpgroups=qd.MOSAIC_TWO_WARPGROUPS,  # CTAs of two warpgroups (s43)
                 # the Triton launch before the Mosaic one (s44)
                 triton_first=qd.DecodeConfig(int2_mosaic=True, triton_first=True),
-                wide_output=qd.MOSAIC_WIDE_OUTPUT)[variant]  # s45's 16-column partials, 8 empty (s46)
+                wide_output=qd.MOSAIC_WIDE_OUTPUT,  # s45's 16-column partials, 8 empty (s46)
+                factored=qd.MOSAIC_FACTORED)[variant]  # INT2 windows' keys factored (s49)
   if variant == "two_splits":
     assert qd.mosaic_splits(b * kh, 3, config) == 2
   pool_tokens = tuple(w * window for w in slice_windows)
@@ -1160,8 +1166,6 @@ def test_offline_sass_tool_takes_the_serialized_module():
   assert module[:4] == b"ML\xefR"  # MLIR's bytecode magic
 
 
-FACTORED = "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored"
-
 
 @pytest.mark.parametrize("variant", [FACTORED, FACTORED + "_exact", FACTORED + "_pairs"])
 def test_factored_keys_match(interpret, variant):
@@ -1172,6 +1176,23 @@ def test_factored_keys_match(interpret, variant):
   case = random_case(19, 4, 32 * mi.WINDOW, 7)
   out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(mi.VARIANTS[variant].items())))
   np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
+
+
+@pytest.mark.parametrize("first,count,windows,splits", [(3, 7, 10, 4), (5, 4, 6, 4), (2, 1, 8, 4)])
+def test_factored_keys_over_a_range_match(interpret, first, count, windows, splits):
+  """`factored_keys` over a layer's range: the bias of the range's windows (-1e30 outside it) masks the rest."""
+  assert_range_matches(random_case(21, 4, 16 * mi.WINDOW, 7), first, count, windows, splits, interpret,
+                       mi.VARIANTS[FACTORED + "_pairs"])
+
+
+def test_unfactored_options_are_the_defaults():
+  """Launches the factored keys do not serve (INT4's, KIVI's, C's pages) take the default's options back."""
+  from pallas_kernels import quantized_decode as qd
+  factored, default = dict(qd.MOSAIC_FACTORED.mosaic_options), dict(qd.MOSAIC_DEFAULT.mosaic_options)
+  assert mi.unfactored(factored) == default and mi.unfactored(default) == default
+  for bits, kivi in ((4, False), (2, True), (4, True)):
+    assert qd.pool_options(factored, bits, kivi=kivi) == qd.pool_options(default, bits, kivi=kivi)
+  assert qd.pool_options(factored, 2, kivi=False)["factored_keys"]
 
 
 def test_factored_bias_is_q_against_the_folded_minimums():
@@ -1188,8 +1209,8 @@ def test_factored_bias_is_q_against_the_folded_minimums():
 
 
 def test_factored_keys_lower_and_are_refused_where_they_cannot_go():
-  """`factored_keys` lowers for CUDA (the scaled q^T a step, the keys as magic + code) and is refused over a range,
-  with narrow scores or without the keys' permuted register path."""
+  """`factored_keys` lowers for CUDA (the scaled q^T a step, the keys as magic + code) and is refused with narrow
+  scores or without the keys' permuted register path; its two options without it."""
   import jax
   options = mi.VARIANTS[FACTORED]
   case = random_case(0, 4, 512, 7)
@@ -1200,9 +1221,8 @@ def test_factored_keys_lower_and_are_refused_where_they_cannot_go():
     assert "mosaic_gpu" in text
   for option in ("exact", "pairs"):
     with pytest.raises(ValueError, match="factored_exact|paired_scale_loads"):
-      mi.attend(*case, splits=4, options=tuple(dict(mi.VARIANTS[f"{FACTORED}_{option}"], factored_keys=False).items()))
-  with pytest.raises(ValueError, match="factored_keys"):
-    mi.range_partials(*case, 3, 9, windows=12, splits=4, **options)
+      without = dict(mi.VARIANTS[f"{FACTORED}_{option}"], factored_keys=False)
+      mi.attend(*case, splits=4, options=tuple(without.items()))
   for change in (dict(narrow_scores=True), dict(permuted_keys=False)):
     with pytest.raises(ValueError, match="factored_keys"):
       mi.attend(*case, splits=4, options=tuple(dict(options, **change).items()))
