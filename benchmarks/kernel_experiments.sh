@@ -89,6 +89,7 @@
 #                                                   # magic + code alone (no scales, minimums, loads or fmas)
 #   bash benchmarks/kernel_experiments.sh half_factored  # (s49) half the SMs: the factored keys against the default
 #   bash benchmarks/kernel_experiments.sh factored_step  # (s49) the 7B step at 32 x 100 with the factored keys
+#   bash benchmarks/kernel_experiments.sh h200_s49  # (s49) an H200's ~9 min: issue 6's step, kernels, issue 5's rows
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -527,6 +528,24 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 150 python -m benchmarks.decode_throughput --settings 60x5 \
       --attention pallas --methods fp16 windowquant C kivi2 --out "$out" --budget-s 120 \
       --tag ${tag}_h200_small || echo "(stopped: h200_s48, 60 x 5)" ;;
+  h200_s49)  # (s49, an H200, ~9 min) issue 6's 7B step at 32 x 100 (fp16, windowquant, C, kivi2; windowquant with the
+             # factored keys too), the INT2 kernel at batch 32, 60 and 16 (the default, s47's, the factored keys, the
+             # keys' scaling and both conversions knocked out; float64 checks first), issue 5's 32k rows at batch 60
+             # and 8 (the default against the factored keys)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 300 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_factored --methods fp16 windowquant C kivi2 --out "$out" --budget-s 270 \
+      --tag ${tag}_h200_step || echo "(stopped: h200_s49, 32 x 100)"
+    base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread
+    timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 16 \
+      --variants ${base}_vldsm $base ${base}_vldsm_factored_pairs ${base}_vldsm_factored ${base}_vldsm_ko_key_scaling \
+      ${base}_vldsm_ko_both --tag mosaic_int2_${tag}_h200 || echo "(stopped: h200_s49, kernels)"
+    for shape_runs in 60,32768:32 8,32768:64; do
+      shape=${shape_runs%:*}
+      timeout 70 python benchmarks/decode_attention.py --variant-shape $shape --variant-plans mix,int2 --no-sweep \
+        --variants default,mosaic_factored --inner 1 --back-to-back ${shape_runs#*:} --gpu-time --out "$out" \
+        --tag ${tag}_h200_factored_${shape/,/x} \
+        --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: $shape)"
+    done ;;
   half_wg5)  # (s48) on half the SMs (batch 16: 64 CTAs) and the full machine, 19,200 tokens (a multiple of 4 and 5
              # steps): the default (4 warpgroups a CTA, 4 splits) against five warpgroups (5 splits)
     timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19200 --splits 4 --out "$out" --batches 16 32 \
