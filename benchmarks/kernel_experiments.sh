@@ -90,6 +90,7 @@
 #   bash benchmarks/kernel_experiments.sh half_factored  # (s49) half the SMs: the factored keys against the default
 #   bash benchmarks/kernel_experiments.sh factored_step  # (s49) the 7B step at 32 x 100 with the factored keys
 #   bash benchmarks/kernel_experiments.sh h200_s49  # (s49) an H200's ~9 min: issue 6's step, kernels, issue 5's rows
+#   bash benchmarks/kernel_experiments.sh h200_s49_min  # (s49) an H200's ~6 min: issue 6's step, the kernels
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -546,6 +547,16 @@ case "${1:-}" in
         --tag ${tag}_h200_factored_${shape/,/x} \
         --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: $shape)"
     done ;;
+  h200_s49_min)  # (s49, an H200, ~6 min) h200_s49's first two parts, shorter: issue 6's 7B step at 32 x 100 (fp16,
+                 # windowquant, C, kivi2; windowquant with the factored keys), then the INT2 kernel at batch 32, 60
+                 # and 16 (the default, the factored keys, the keys' scaling knocked out)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 260 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_factored --methods fp16 windowquant C kivi2 --out "$out" --budget-s 240 \
+      --tag ${tag}_h200_step || echo "(stopped: h200_s49_min, 32 x 100)"
+    base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm
+    timeout 100 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 16 \
+      --variants $base ${base}_factored_pairs ${base}_ko_key_scaling --tag mosaic_int2_${tag}_h200 \
+      || echo "(stopped: h200_s49_min, kernels)" ;;
   half_wg5)  # (s48) on half the SMs (batch 16: 64 CTAs) and the full machine, 19,200 tokens (a multiple of 4 and 5
              # steps): the default (4 warpgroups a CTA, 4 splits) against five warpgroups (5 splits)
     timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19200 --splits 4 --out "$out" --batches 16 32 \
