@@ -181,13 +181,17 @@ def key_bias(q: jax.Array, k_min: jax.Array) -> jax.Array:
 
 def factored_bias(q: jax.Array, k_scale: jax.Array, k_min: jax.Array, magic: bool = True,
                   bits: int = 2) -> jax.Array:
-  """`factored_keys`' bias [N, W, 16] f32: q . (m - magic x s) a window and head, with the magic number of each
-  channel's part (`folded_part_constants`: the keys come as magic + code), in f32 with no rounding of the fold;
-  `magic=False` (the interpret mode's exact codes): `key_bias` of the minimums."""
+  """`factored_keys`' bias [N, W, 16] f32: q . m less the magic numbers' share of the scores, sum_c magic_c B_c, a
+  window and head, B_c = f16(f16(q_c) s_c) as the kernel rounds the score wgmma's B (an f16 product of f16s is
+  exact in f32 before its rounding), so that the share cancels to f32's rounding of the sums (the keys come as magic
+  + code, `folded_part_constants`); `magic=False` (the interpret mode's exact codes): `key_bias` of the minimums."""
+  bias = key_bias(q, k_min)
   if not magic:
-    return key_bias(q, k_min)
-  folded = k_min.astype(jnp.float32) - jnp.asarray(_part_magic(bits)) * k_scale.astype(jnp.float32)
-  return key_bias(q, folded)
+    return bias
+  b = q.astype(jnp.float16)[:, None] * k_scale.astype(jnp.float16)[:, :, None]  # [N, W, G, H] f16
+  share = jnp.sum(b.astype(jnp.float32) * jnp.asarray(_part_magic(bits)), axis=-1)  # [N, W, G]
+  share = jnp.pad(share, ((0, 0), (0, 0), (0, COLUMNS // 2 - q.shape[1])))
+  return bias - jnp.concatenate([share, share], axis=2)
 
 
 def factored_magic(interpret, fast_unpack: bool = True, factored_exact: bool = False) -> bool:
@@ -1408,9 +1412,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   `dequantize_keys`, but the keys go to the score wgmma as magic + code (`_keys_by_thread`'s `codes_only`: one
   LOP3 a pair of codes, no scale, minimum, their loads or fma), and each step writes q^T times its two windows'
   scales (`_scaled_query`: columns 0-7 the first window's, 8-15 the second's) to the wgmma's B; a row takes its
-  window's 8 columns, plus the bias sum_c q_c (m_c - magic_c s_c) (f32, `factored_bias`, one XLA pass). The
-  scaled q's f16 rounding then weighs magic + code where the dequantized key's weighed the key: an error of up to
-  (magic + 3) 2^-11 |q s| a channel (magic 4-64), against 2^-11 |k| q for the dequantized keys. The interpret
+  window's 8 columns, plus the bias q . m - sum_c magic_c B_c (f32, `factored_bias`, one XLA pass, which rounds B
+  as the kernel does, so the magic numbers' share cancels to f32's rounding of the sums: B's own f16 rounding then
+  weighs the code alone, 2^-11 |q s| c a channel, as the dequantized key's rounding weighed the key). The interpret
   mode runs the same factored sum with the codes' exact parts (the plain path) and the plain minimums' bias.
   `factored_exact` (with `factored_keys`): the magic numbers' share taken off by a second pass of wgmmas over the
   same B, A the constant -magic of each part, so that it cancels the rounded B's share exactly (f32 sums) and the
