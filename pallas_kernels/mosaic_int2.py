@@ -1178,10 +1178,9 @@ def _scaled_permuted_query(q, scale_ref):
     pair_type = ir.Type.parse("!llvm.struct<(i32, i32)>")
     loaded = {}
 
-    def scale(tile, window, half):  # channel base + 32 (2 tile) + 2 half + e of the window, in both halves
-      if (tile, window) not in loaded:
-        channel = arith.addi(base, c(64 * tile))  # rows 64 t + r: part 2t + bit 5 of r, p = (64 t + r) // 32
-        channel = arith.addi(channel, arith.andi(row, c(32)))
+    def scale(tile, window, half):  # of row 64 tile + 8 half + r: channel 64 tile + 32 r5 + base + 2 half + e
+      if (tile, window) not in loaded:  # (r5: bit 5 of r, the part's high bit with the tile's)
+        channel = arith.addi(arith.addi(base, c(64 * tile)), arith.andi(row, c(32)))
         address = arith.addi(pointer, arith.muli(arith.addi(channel, c(window * HEAD_DIM)), c(2)))
         words = llvm.inline_asm(pair_type, [address], "ld.shared.v2.b32 {$0, $1}, [$2];", "=r,=r,r",
                                 has_side_effects=True)
@@ -1407,8 +1406,9 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   fmas (the operands are magic + code): what a factored form, the scales moved to the other operand and the
   minimums and magic numbers to biases, would leave a step before the work it adds.
 
-  `factored_keys` (s49, with `dequantize_keys`, `eight_column_softmax`, `permuted_keys` and `folded_minimums`, not
-  `narrow_scores`; a whole pool, not a range): the factored form. k_bias is the key minimums [N, W, H], as with
+  `factored_keys` (s49, with `dequantize_keys`, `eight_column_softmax`, `permuted_keys` and `folded_minimums`; not
+  `narrow_scores` or `paged`): the factored form. k_bias is the key minimums [N, W, H] over a whole pool (over a
+  range, `range_partials` gives the range's bias, `factored_bias` through `range_bias`), as with
   `dequantize_keys`, but the keys go to the score wgmma as magic + code (`_keys_by_thread`'s `codes_only`: one
   LOP3 a pair of codes, no scale, minimum, their loads or fma), and each step writes q^T times its two windows'
   scales (`_scaled_query`: columns 0-7 the first window's, 8-15 the second's) to the wgmma's B; a row takes its
@@ -1537,7 +1537,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                            bits=code_bits(k_codes))
   elif factored_keys:
     if k_bias.shape[2] != COLUMNS:
-        raise ValueError(f"factored_keys over a range takes its bias [N, windows, {COLUMNS}] (`range_partials`), "
+      raise ValueError(f"factored_keys over a range takes its bias [N, windows, {COLUMNS}] (`range_partials`), "
                        f"got {k_bias.shape}")
   elif (k_bias.shape[2] != (HEAD_DIM if dequantize_keys else COLUMNS)
         or (not ranged and k_bias.shape[1] != tokens // WINDOW)):
