@@ -1167,18 +1167,17 @@ def test_offline_sass_tool_takes_the_serialized_module():
 
 
 
-@pytest.mark.parametrize("variant", [FACTORED, FACTORED + "_exact", FACTORED + "_pairs"])
-def test_factored_keys_match(interpret, variant):
+def test_factored_keys_match(interpret):
   """`factored_keys` (s49): q^T times each step's key scales as the score wgmma's B, the keys' codes as its A and
   the minimums as a bias a window, each row taking its window's 8 columns, over a pool of four warpgroups' splits,
   against float64 (the interpret mode's exact codes; the register path's magic + code is checked on a device by
-  `mosaic_int2_bench`)."""
+  `mosaic_int2_bench`; so are `_exact` and `_pairs`, whose interpret mode is this one's)."""
   case = random_case(19, 4, 32 * mi.WINDOW, 7)
-  out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(mi.VARIANTS[variant].items())))
+  out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(mi.VARIANTS[FACTORED].items())))
   np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
 
 
-@pytest.mark.parametrize("first,count,windows,splits", [(3, 7, 10, 4), (5, 4, 6, 4), (2, 1, 8, 4)])
+@pytest.mark.parametrize("first,count,windows,splits", [(3, 7, 10, 4), (2, 1, 8, 4)])
 def test_factored_keys_over_a_range_match(interpret, first, count, windows, splits):
   """`factored_keys` over a layer's range: the bias of the range's windows (-1e30 outside it) masks the rest."""
   assert_range_matches(random_case(21, 4, 16 * mi.WINDOW, 7), first, count, windows, splits, interpret,
