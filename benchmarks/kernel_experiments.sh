@@ -487,7 +487,7 @@ case "${1:-}" in
                   # scaling knocked out (what the factored form could gain at most), float64 checks first
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm
     timeout 200 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 16 32 60 \
-      --variants $base ${base}_factored ${base}_factored_pairs ${base}_factored_exact ${base}_ko_key_scaling \
+      --variants $base ${base}_factored ${base}_ko_key_scaling \
       --tag mosaic_int2_${tag}_half_factored \
       || echo "(stopped: half_factored)" ;;
   factored_step)  # (s49) the 7B step at 32 x 100 with INT2 windows' keys factored ("pallas:mosaic_factored") against
@@ -518,7 +518,7 @@ case "${1:-}" in
              # the 7B step at 60 x 5 with the default
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread
     timeout 170 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 16 \
-      --variants ${base}_vldsm $base ${base}_vldsm_factored_pairs ${base}_vldsm_paired ${base}_vldsm_ko_key_scaling \
+      --variants ${base}_vldsm $base ${base}_vldsm_factored ${base}_vldsm_paired ${base}_vldsm_ko_key_scaling \
       ${base}_vldsm_ko_value_scaling ${base}_vldsm_ko_scaling ${base}_vldsm_ko_both \
       --tag mosaic_int2_${tag}_h200 \
       || echo "(stopped: h200_s48, kernels)"
@@ -538,7 +538,7 @@ case "${1:-}" in
       --tag ${tag}_h200_step || echo "(stopped: h200_s49, 32 x 100)"
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread
     timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 16 \
-      --variants ${base}_vldsm $base ${base}_vldsm_factored_pairs ${base}_vldsm_factored ${base}_vldsm_ko_key_scaling \
+      --variants ${base}_vldsm $base ${base}_vldsm_factored ${base}_vldsm_ko_key_scaling \
       ${base}_vldsm_ko_both --tag mosaic_int2_${tag}_h200 || echo "(stopped: h200_s49, kernels)"
     for shape_runs in 60,32768:32 8,32768:64; do
       shape=${shape_runs%:*}
@@ -555,7 +555,7 @@ case "${1:-}" in
       --tag ${tag}_h200_step || echo "(stopped: h200_s49_min, 32 x 100)"
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm
     timeout 100 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 16 \
-      --variants $base ${base}_factored_pairs ${base}_ko_key_scaling --tag mosaic_int2_${tag}_h200 \
+      --variants $base ${base}_factored ${base}_ko_key_scaling --tag mosaic_int2_${tag}_h200 \
       || echo "(stopped: h200_s49_min, kernels)" ;;
   half_wg5)  # (s48) on half the SMs (batch 16: 64 CTAs) and the full machine, 19,200 tokens (a multiple of 4 and 5
              # steps): the default (4 warpgroups a CTA, 4 splits) against five warpgroups (5 splits)

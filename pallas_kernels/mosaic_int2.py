@@ -194,10 +194,10 @@ def factored_bias(q: jax.Array, k_scale: jax.Array, k_min: jax.Array, magic: boo
   return bias - jnp.concatenate([share, share], axis=2)
 
 
-def factored_magic(interpret, fast_unpack: bool = True, factored_exact: bool = False) -> bool:
+def factored_magic(interpret, fast_unpack: bool = True) -> bool:
   """Whether `factored_keys`' keys come as magic + code, so that its bias must take the magic numbers' share: the
-  register path's (not the interpret mode's exact codes, nor `factored_exact`'s cancelling wgmmas)."""
-  return fast_unpack and interpret is None and not factored_exact
+  register path's (not the interpret mode's exact codes)."""
+  return fast_unpack and interpret is None
 
 
 def range_bias(q: jax.Array, k_min: jax.Array, first, count, windows: int,
@@ -1120,11 +1120,10 @@ def _column_reduce(x, op: str, scratch_ref):
   return reduce(x, scratch_ref)
 
 
-def _scaled_query(q, scale_ref, permuted: bool = False):
+def _scaled_query(q, scale_ref):
   """q^T [128, 16] f16 (WGMMA layout) times the step's key scales ([2, H] ref): column c takes window
   c // 8's. A register holds two columns of one window (pairs never straddle the 8-column blocks), so one
-  f16x2 multiply by the channel's scale, loaded once and doubled. `permuted`: q^T's rows in INT2's `key_order`
-  (row 32p + 8g + 2l + e is channel 32p + 8l + 2g + e: the scale read from there)."""
+  f16x2 multiply by the channel's scale, loaded once and doubled."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -1139,12 +1138,7 @@ def _scaled_query(q, scale_ref, permuted: bool = False):
     half2 = ir.VectorType.get((2,), ir.F16Type.get())
     registers = np.empty_like(q.registers)
     for (idx, reg), (row, col) in zip(np.ndenumerate(q.registers), q.layout.thread_idxs(q.shape)):
-      index = lambda v: arith.constant(ir.IndexType.get(), v)
-      window = arith.divui(col, index(COLUMNS // 2))
-      if permuted:  # swap the 2-bit fields g (bits 3-4) and l (bits 1-2)
-        g, l = (arith.andi(arith.shrui(row, index(k)), index(3)) for k in (3, 1))
-        row = arith.ori(arith.andi(row, index(~0x1E)),
-                        arith.ori(arith.shli(g, index(1)), arith.shli(l, index(3))))
+      window = arith.divui(col, arith.constant(ir.IndexType.get(), COLUMNS // 2))
       registers[idx] = arith.mulf(reg, vector.broadcast(half2, memref.load(scale_ref, [window, row])))
     return mgpu.FragmentedArray(_registers=registers, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
 
@@ -1152,10 +1146,11 @@ def _scaled_query(q, scale_ref, permuted: bool = False):
 
 
 def _scaled_permuted_query(q, scale_ref):
-  """`_scaled_query` for INT2's permuted q^T rows (`key_order`), its scales by 8-byte loads: a thread's rows r
-  and r + 8 of a 64-row tile are channels c and c + 2 of one aligned group of 4 (r = 16w + j, j < 8: row bit 3
-  is 0, and it becomes channel bit 1), so one `ld.shared.b64` a tile and window brings both, and a `prmt`
-  broadcasts each (half e = c % 2 of a word): 4 loads a step where 8 scalar ones took one a register."""
+  """`_scaled_query` for INT2's permuted q^T rows (`key_order`: row 32p + 8g + 2l + e is channel 32p + 8l + 2g + e),
+  its scales by 8-byte loads: a thread's rows r and r + 8 of a 64-row tile are channels c and c + 2 of one aligned
+  group of 4 (r = 16w + j, j < 8: row bit 3 is 0, and it becomes channel bit 1), so one `ld.shared.b64` a tile and
+  window brings both, and a `prmt` broadcasts each (half e = c % 2 of a word): 4 loads a step, not 8 scalar ones
+  (offline, s49: 406 SASS a step against 413 with one scalar load a register, 119 registers against 127)."""
   from jax.experimental.mosaic import gpu as mgpu
   from jax.experimental.pallas import mosaic_gpu as plgpu
   from jax._src.lib.mlir import ir
@@ -1257,8 +1252,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 narrow_values: bool = False, max_windows: int | None = None, range_params=None,
                 paged: bool = False, knockout: str = "", sixteen_columns_out: bool = False,
                 fetch_warp_by_group: bool = False, prefolded_minimums: bool = False,
-                interleaved_key_parts: bool = False, factored_keys: bool = False, factored_exact: bool = False,
-                paired_scale_loads: bool = False):
+                interleaved_key_parts: bool = False, factored_keys: bool = False):
   """Partial softmax of each (pair, split): o_t [N, J, H, C] (unnormalized, f32), m and l [N, J, C].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
@@ -1406,20 +1400,18 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   fmas (the operands are magic + code): what a factored form, the scales moved to the other operand and the
   minimums and magic numbers to biases, would leave a step before the work it adds.
 
-  `factored_keys` (s49, with `dequantize_keys`, `eight_column_softmax`, `permuted_keys` and `folded_minimums`; not
-  `narrow_scores` or `paged`): the factored form. k_bias is the key minimums [N, W, H] over a whole pool (over a
+  `factored_keys` (s49, INT2, with `dequantize_keys`, `eight_column_softmax`, `permuted_keys` and `folded_minimums`;
+  not `narrow_scores` or `paged`): the factored form. k_bias is the key minimums [N, W, H] over a whole pool (over a
   range, `range_partials` gives the range's bias, `factored_bias` through `range_bias`), as with
   `dequantize_keys`, but the keys go to the score wgmma as magic + code (`_keys_by_thread`'s `codes_only`: one
   LOP3 a pair of codes, no scale, minimum, their loads or fma), and each step writes q^T times its two windows'
-  scales (`_scaled_query`: columns 0-7 the first window's, 8-15 the second's) to the wgmma's B; a row takes its
+  scales (`_scaled_permuted_query`: columns 0-7 the first window's, 8-15 the second's) to the wgmma's B; a row takes its
   window's 8 columns, plus the bias q . m - sum_c magic_c B_c (f32, `factored_bias`, one XLA pass, which rounds B
   as the kernel does, so the magic numbers' share cancels to f32's rounding of the sums: B's own f16 rounding then
   weighs the code alone, 2^-11 |q s| c a channel, as the dequantized key's rounding weighed the key). The interpret
   mode runs the same factored sum with the codes' exact parts (the plain path) and the plain minimums' bias.
-  `factored_exact` (with `factored_keys`): the magic numbers' share taken off by a second pass of wgmmas over the
-  same B, A the constant -magic of each part, so that it cancels the rounded B's share exactly (f32 sums) and the
-  bias is q . m alone: 8 more wgmmas a step, the error back to the f32 sums'. `paired_scale_loads` (with
-  `factored_keys`): the step's scales by 4 8-byte loads a thread, not 8 2-byte ones (`_scaled_permuted_query`).
+  (s49 also compiled the magic numbers' share taken off by 8 more wgmmas a step, A the constant -magic: 483 SASS a
+  step with spills, and no more precise than this bias; removed.)
 
   A range of the pool (a layer's windows in a cache shared by layers; `range_partials`): `range_params`, an
   int32 [32] array (data) holding the range's first window, its count of windows and the row of the first
@@ -1497,16 +1489,12 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     raise ValueError(f"knockout {knockout!r}: the keys as magic + code need folded_minimums")
   if knockout in ("value_scaling", "scaling") and not values_by_ldmatrix:
     raise ValueError(f"knockout {knockout!r}: the values as magic + code need values_by_ldmatrix")
-  if factored_keys and not (dequantize_keys and eight_column_softmax and permuted_keys and folded_minimums
-                            and not (narrow_scores or paged or paired_steps or interleaved_key_parts
-                                     or prefolded_minimums or bias_in_kernel)):
-    raise ValueError("factored_keys: with dequantize_keys, eight_column_softmax, permuted_keys and folded_minimums; "
-                     "not paged, narrow_scores, paired_steps, interleaved_key_parts, prefolded_minimums or "
-                     "bias_in_kernel")
-  if paired_scale_loads and not factored_keys:
-    raise ValueError("paired_scale_loads: the factored keys' scales by 8-byte loads, with factored_keys")
-  if factored_exact and not factored_keys:
-    raise ValueError("factored_exact: the factored keys' magic numbers cancelled by wgmma, with factored_keys")
+  if factored_keys and not (code_bits(k_codes) == 2 and dequantize_keys and eight_column_softmax and permuted_keys
+                            and folded_minimums and not (narrow_scores or paged or paired_steps or interleaved_key_parts
+                                                         or prefolded_minimums or bias_in_kernel)):
+    raise ValueError("factored_keys: INT2 codes, with dequantize_keys, eight_column_softmax, permuted_keys and "
+                     "folded_minimums; not paged, narrow_scores, paired_steps, interleaved_key_parts, "
+                     "prefolded_minimums or bias_in_kernel")
   if eight_column_softmax and not (dequantize_keys and lagged_max):
     raise ValueError("eight_column_softmax: one score a head for both windows, with dequantize_keys and "
                      "lagged_max")
@@ -1533,8 +1521,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
     if k_bias.shape != k_scale.shape:
       raise ValueError(f"factored_keys takes the key minimums [N, windows, {HEAD_DIM}] (a range: `factored_bias` "
                        f"over it), got {k_bias.shape}")
-    k_bias = factored_bias(q, k_scale, k_bias, magic=factored_magic(interpret, fast_unpack, factored_exact),
-                           bits=code_bits(k_codes))
+    k_bias = factored_bias(q, k_scale, k_bias, magic=factored_magic(interpret, fast_unpack))
   elif factored_keys:
     if k_bias.shape[2] != COLUMNS:
       raise ValueError(f"factored_keys over a range takes its bias [N, windows, {COLUMNS}] (`range_partials`), "
@@ -1861,8 +1848,7 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
         plgpu.wgmma_wait(0)
       if factored_keys or not dequantize_keys:  # q^T times the step's key scales
         if fast:
-          bq_s[...] = (_scaled_permuted_query(q, ks_s) if keys_by_thread and paired_scale_loads
-                       else _scaled_query(q, ks_s, permuted=keys_by_thread))
+          bq_s[...] = _scaled_permuted_query(q, ks_s) if factored_keys else _scaled_query(q, ks_s)
         else:
           bq_s[...] = (q.astype(jnp.float32) * per_column(ks_s)).astype(jnp.float16)
         plgpu.commit_smem()
@@ -1885,10 +1871,6 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
           keys = dequantized_keys(kc_s, ks_s, kb_s) if dequantize_keys else unpacked_keys(kc_s)
           for part in range(parts):
             plgpu.wgmma(s_acc, keys[part], query_part(part))
-          if factored_exact and keys_by_thread:  # minus magic x B, exactly: the keys' magic numbers' share
-            for part in range(parts):
-              plgpu.wgmma(s_acc, plgpu.layout_cast(jnp.full((STEP, width), -_part_magic(bits)[width * part],
-                                                            jnp.float16), layout.WGMMA), query_part(part))
         if overlap_values and register_values:
           values_t = transposed_values_of(vc_s, vs_s, vm_s)
         elif overlap_values:
@@ -2286,7 +2268,7 @@ def range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, c
   if options.get("bias_in_kernel") and in_kernel_bias_rows(windows, splits, spb) > MAX_BIAS_ROWS:
     options = dict(options, bias_in_kernel=False)  # too many windows a split to hold their biases
   if options.get("factored_keys"):  # the minimums (and the keys' magic numbers) as a bias a window
-    magic = factored_magic(interpret, options.get("fast_unpack", True), options.get("factored_exact", False))
+    magic = factored_magic(interpret, options.get("fast_unpack", True))
     bias, bias_row = range_bias(q, k_min, first, count, windows, spb, k_scale=k_scale, magic=magic)
   elif options.get("dequantize_keys"):  # the kernel reads the minimums at the range's windows
     bias, bias_row = k_min, jnp.int32(0)
@@ -2330,11 +2312,11 @@ def paged_partials(q, k_heap, v_heap, page_table, first, count, *, bits: int, sp
 
 
 def unfactored(options: dict) -> dict:
-  """Options without `factored_keys` (and its `factored_exact`, `paired_scale_loads`), the score wgmma back to 8
-  columns (`narrow_scores`) where they set it 16: what launches the factored form does not serve take."""
+  """Options without `factored_keys`, the score wgmma back to 8 columns (`narrow_scores`) where they set it 16:
+  what launches the factored form does not serve take."""
   if not options.get("factored_keys"):
     return options
-  options = {k: v for k, v in options.items() if k not in ("factored_keys", "factored_exact", "paired_scale_loads")}
+  options = {k: v for k, v in options.items() if k != "factored_keys"}
   return dict(options, narrow_scores=True) if options.get("eight_column_softmax") else options
 
 
@@ -2527,12 +2509,6 @@ VARIANTS = {  # name: keyword arguments of int2_decode
     # (s49) the factored form (`factored_keys`): keys as magic + code, q^T times a step's scales, the wide score wgmma
     "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored": dict(
         _SPREAD_VLDSM, narrow_scores=False, factored_keys=True),
-    # that, the magic numbers' share cancelled by a second pass of wgmmas (`factored_exact`): the bias q . m alone
-    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored_exact": dict(
-        _SPREAD_VLDSM, narrow_scores=False, factored_keys=True, factored_exact=True),
-    # the factored keys with the scales by 8-byte loads (`paired_scale_loads`)
-    "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_factored_pairs": dict(
-        _SPREAD_VLDSM, narrow_scores=False, factored_keys=True, paired_scale_loads=True),
     # (s49) the default's (V by ldmatrix) with each of those, and with the keys', the values' or both operands as
     # magic + code alone (no scale, minimum or their loads): what a factored form would leave of the conversions
     **{f"wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_ko_{what}": dict(_SPREAD_VLDSM, knockout=what)

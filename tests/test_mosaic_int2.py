@@ -522,7 +522,7 @@ def test_splits_and_window_parities_merge(interpret):
                                          "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm_paired"],
                                          ranged=True, splits=4),
                                      # (s49) the factored keys over a range (the bias a window from XLA)
-                                     dict(mi.VARIANTS[FACTORED + "_pairs"], ranged=True, splits=2),
+                                     dict(mi.VARIANTS[FACTORED], ranged=True, splits=2),
                                      # (s48) the minimums folded before the kernel
                                      dict(mi.VARIANTS[
                                          "wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_prefolded"],
@@ -1171,7 +1171,7 @@ def test_factored_keys_match(interpret):
   """`factored_keys` (s49): q^T times each step's key scales as the score wgmma's B, the keys' codes as its A and
   the minimums as a bias a window, each row taking its window's 8 columns, over a pool of four warpgroups' splits,
   against float64 (the interpret mode's exact codes; the register path's magic + code is checked on a device by
-  `mosaic_int2_bench`; so are `_exact` and `_pairs`, whose interpret mode is this one's)."""
+  `mosaic_int2_bench`)."""
   case = random_case(19, 4, 32 * mi.WINDOW, 7)
   out = np.asarray(mi.attend(*case, splits=4, interpret=interpret, options=tuple(mi.VARIANTS[FACTORED].items())))
   np.testing.assert_allclose(out, mi.reference(*case), atol=2e-3, rtol=0)
@@ -1181,7 +1181,7 @@ def test_factored_keys_match(interpret):
 def test_factored_keys_over_a_range_match(interpret, first, count, windows, splits):
   """`factored_keys` over a layer's range: the bias of the range's windows (-1e30 outside it) masks the rest."""
   assert_range_matches(random_case(21, 4, 16 * mi.WINDOW, 7), first, count, windows, splits, interpret,
-                       mi.VARIANTS[FACTORED + "_pairs"])
+                       mi.VARIANTS[FACTORED])
 
 
 def test_unfactored_options_are_the_defaults():
@@ -1211,19 +1211,16 @@ def test_factored_bias_is_q_against_the_minimums_less_the_magic_share():
 
 def test_factored_keys_lower_and_are_refused_where_they_cannot_go():
   """`factored_keys` lowers for CUDA (the scaled q^T a step, the keys as magic + code) and is refused with narrow
-  scores or without the keys' permuted register path; its two options without it."""
+  scores, without the keys' permuted register path, or on INT4 codes (its q^T permutation is INT2's)."""
   import jax
   options = mi.VARIANTS[FACTORED]
   case = random_case(0, 4, 512, 7)
   shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in case]
-  for lowered in (options, mi.VARIANTS[FACTORED + "_exact"], mi.VARIANTS[FACTORED + "_pairs"]):
-    text = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=4, **lowered)).trace(*shapes).lower(
-        lowering_platforms=("cuda",)).as_text()
-    assert "mosaic_gpu" in text
-  for option in ("exact", "pairs"):
-    with pytest.raises(ValueError, match="factored_exact|paired_scale_loads"):
-      without = dict(mi.VARIANTS[f"{FACTORED}_{option}"], factored_keys=False)
-      mi.attend(*case, splits=4, options=tuple(without.items()))
+  text = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=4, **options)).trace(*shapes).lower(
+      lowering_platforms=("cuda",)).as_text()
+  assert "mosaic_gpu" in text
   for change in (dict(narrow_scores=True), dict(permuted_keys=False)):
     with pytest.raises(ValueError, match="factored_keys"):
       mi.attend(*case, splits=4, options=tuple(dict(options, **change).items()))
+  with pytest.raises(ValueError, match="factored_keys: INT2"):
+    mi.attend(*random_case(0, 4, 512, 7, bits=4), splits=4, options=tuple(options.items()))
