@@ -425,7 +425,8 @@ MOSAIC_NO_VLDSM = default_with(dict(values_by_ldmatrix=False))
 # (s49) INT2 windows' pools with the factored keys (`mosaic_int2`'s `factored_keys`: q^T times a step's scales as the
 # score wgmma's B, the keys as magic + code with no scale, minimum or fma, the minimums and magic numbers a bias a
 # window from one XLA pass); INT4's, KIVI's and C's paged launches keep the default's (`unfactored`). On half an
-# H100's SMs the keys' scaling cost 13 % of the kernel (`mosaic_int2_s49_half_scaling`); untimed itself
+# H100's SMs the keys' scaling cost 13 % of the kernel (`mosaic_int2_s49_half_scaling`); s50: the factored kernel
+# no faster (`mosaic_int2_s50_half_factored_h100`), its bias pass slow: windowquant's 7B step 11.85 ms against 8.48
 MOSAIC_FACTORED = default_with(dict(narrow_scores=False, factored_keys=True))
 # (s46) The default with the Mosaic launches' partials 16 columns wide, 8 of them empty, as they were until s46 (the
 # eight-column softmax's outputs are 8 since): the comparison in one run (`kernel_experiments.sh narrow_out`)
