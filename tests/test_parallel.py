@@ -15,7 +15,8 @@ SCRIPT = Path(__file__).parent / "scripts" / "sharded_generate.py"
 ALL_METHODS = ["fp16", "rtn2", "kivi2", "windowquant", "windowquant-C", "windowquant+pallas", "kivi2+pallas"]
 
 
-@pytest.mark.parametrize("axes,methods", [("data", ["fp16", "windowquant"]), ("data,model", ALL_METHODS)])
+# A mesh of data alone: windowquant (fp16's is `eval`'s 4-device run, tests/test_eval.py, against 1-device rows)
+@pytest.mark.parametrize("axes,methods", [("data", ["windowquant"]), ("data,model", ALL_METHODS)])
 def test_sharded_generate_equals_unsharded(llava_converted, axes, methods):
   env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
   result = subprocess.run([sys.executable, str(SCRIPT), str(llava_converted.folder), axes, *methods], env=env,
