@@ -243,12 +243,13 @@ case "${1:-}" in
         --batch 32 --tokens 19200 --splits 4 --out "$out/ncu_s39" --summary || echo "(stopped: ncu $v)"
     done
     tar czf "$out/ncu_mosaic_int2_b32_t19200_${tag}.tgz" -C "$out" --exclude='*.ncu-rep' ncu_s39 ;;
-  ncu_half)  # (s50, for the next device) where the keys' scaling costs its 14 % on half the SMs (batch 16 x 19,968, 4
+  ncu_half)  # (s50) where the keys' scaling costs its 14 % on half the SMs (batch 16 x 19,968, 4
             # splits: 64 CTAs, the SMs bound as on an H200): the default and its keys' scaling knocked out under
-            # Nsight Compute (stall reasons, issue, shared-memory wavefronts), side by side
+            # Nsight Compute (stall reasons, issue, shared-memory wavefronts), side by side (s50: ncu's first start on a
+            # fresh machine took the first profile past 200 s)
     base=wg4_large_batch_ftz_lean_folded_eight_narrow_both_spread_vldsm
     for v in $base ${base}_ko_key_scaling; do
-      timeout 200 python benchmarks/kernel_ncu.py profile --plans mosaic_int2 --kernel kernel_mosaic --variant "$v" \
+      timeout 300 python benchmarks/kernel_ncu.py profile --plans mosaic_int2 --kernel kernel_mosaic --variant "$v" \
         --batch 16 --tokens 19968 --splits 4 --out "$out/ncu_half_$v" --summary || echo "(stopped: ncu_half $v)"
     done ;;
   profile)  # (s36) where the 7B step's GPU time goes at 32 x 100 today (s28's profile is the last), kernel by kernel

@@ -985,10 +985,11 @@ def test_bad_shapes_are_refused():
 
 # Configurations that differ from these only in options the interpret mode does not run (PDL's wait, O^T in place,
 # magic exponents, ldmatrix, registers for V^T) are held to their lowering for CUDA instead.
-# Each configuration that wires the launches its own way (s50, CI time: the four-warpgroup configurations that differ
-# from "four_warpgroups" only in the kernel's options, whose own tests cover them, are left out)
+# Each configuration that wires the launches its own way (s50, CI time: those whose DecodeConfig differs from one
+# here only in the kernel's options, whose own tests cover them, are left out: lagged_max (dequantize_keys'),
+# values_after, ftz, ftz_block2 (merged's) and lean_eight (vregs_int4's, but for KIVI's pools, which are not here))
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "int2_int4",
-                                     "vregs_int4", "two_splits", "paired", "narrow", "wide", "two_warpgroups",
+                                     "merged", "vregs_int4", "two_splits", "paired", "narrow", "wide", "two_warpgroups",
                                      "triton_first", "wide_output", "factored"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
@@ -1021,7 +1022,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   assert qd.mosaic_serves(k_pools[1], v_pools[1], g, h, window, bits=(2, 4))
   config = dict(default=qd.DecodeConfig(int2_mosaic=True), bias_in_kernel=qd.MOSAIC_BIAS_IN_KERNEL,
                 four_warpgroups=qd.MOSAIC_FOUR_WARPGROUPS, dequantize_keys=qd.MOSAIC_DEQUANTIZED_KEYS,
-                int2_int4=qd.MOSAIC_INT2_INT4, vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4,
+                int2_int4=qd.MOSAIC_INT2_INT4, merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED,  # the combine in one launch
+                vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4,
                 # one SM of 4 programs: its 4 pairs take 2 splits, two pairs a CTA
                 two_splits=dataclasses.replace(qd.MOSAIC_DEFAULT, multiprocessors=1),
                 paired=qd.MOSAIC_PAIRED,  # INT2's blocks of two steps, INT4's a step
