@@ -528,6 +528,17 @@ VARIANTS = {
     # its channel blocks), and as XLA's kernels
     "eight_combine_one_block": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, combine_channel_blocks=1),
     "eight_xla_merge": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, fused_combine=False),
+    # s51, batch 8 x 32k: the merge's grid (channel blocks: 8 by default there, 16 channels a program) and warps
+    # a program (4 by default), where its 7.2 µs move ~7 MB of partials (~1 TB/s: latency, not bytes)
+    "combine_b16": dataclasses.replace(qd.MOSAIC_DEFAULT, combine_channel_blocks=16),
+    "combine_b16_w2": dataclasses.replace(qd.MOSAIC_DEFAULT, combine_channel_blocks=16, combine_warps=2),
+    "combine_b8_w2": dataclasses.replace(qd.MOSAIC_DEFAULT, combine_channel_blocks=8, combine_warps=2),
+    "combine_b32_w1": dataclasses.replace(qd.MOSAIC_DEFAULT, combine_channel_blocks=32, combine_warps=1),
+    # s51, batch 8 x 32k: the Mosaic launches' grids for two or three programs an SM (8 or 12 splits: 64 or 96
+    # CTAs a pool, not 128), so that under the concurrent graph the INT2 and INT4 launches (and the Triton one)
+    # can share the machine rather than each taking a wave of whole SMs in turn
+    "mosaic_p2": dataclasses.replace(qd.MOSAIC_DEFAULT, mosaic_programs_per_multiprocessor=2),
+    "mosaic_p3": dataclasses.replace(qd.MOSAIC_DEFAULT, mosaic_programs_per_multiprocessor=3),
     # s33: a program a phase at any grid size (by default only where that fits two waves), so that the 16-bit
     # phase's memory-bound programs and the INT2 phase's instruction-bound ones share the SMs at batch 8 x 32k
     "parallel_phases": qd.DecodeConfig(parallel_phases=True),

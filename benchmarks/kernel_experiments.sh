@@ -91,6 +91,9 @@
 #   bash benchmarks/kernel_experiments.sh factored_step  # (s49) the 7B step at 32 x 100 with the factored keys
 #   bash benchmarks/kernel_experiments.sh h200_s49  # (s49) an H200's ~9 min: issue 6's step, kernels, issue 5's rows
 #   bash benchmarks/kernel_experiments.sh h200_s49_min  # (s49) an H200's ~6 min: issue 6's step, the kernels
+#   bash benchmarks/kernel_experiments.sh b8_s51    # (s51) batch 8 x 32k (mix): the merge's grid and warps, and the
+#                                                   # Mosaic launches' grids at 2-3 programs an SM (64-96 CTAs a
+#                                                   # pool), concurrent graph and serial, by GPU span (~3 min)
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -566,6 +569,16 @@ case "${1:-}" in
     timeout 100 python -m benchmarks.mosaic_int2_bench --tokens 19968 --splits 4 --out "$out" --batches 32 60 16 \
       --variants $base ${base}_factored ${base}_ko_key_scaling --tag mosaic_int2_${tag}_h200 \
       || echo "(stopped: h200_s49_min, kernels)" ;;
+  b8_s51)  # (s51) batch 8 x 32k, mix, by GPU span: the default (`mosaic_default`: what the default runs there) against
+           # the merge's grid at 16 / 32 channel blocks and 1-2 warps a program, and the Mosaic launches' grids for 2
+           # or 3 programs an SM; under XLA's concurrent graph (the decode step's default), then the grids serially
+    timeout 150 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
+      --variants mosaic_default,combine_b16,combine_b16_w2,combine_b8_w2,combine_b32_w1,mosaic_p2,mosaic_p3 \
+      --inner 1 --back-to-back 64 --gpu-time --out "$out" --tag ${tag}_b8_variants \
+      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: b8_s51)"
+    timeout 80 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
+      --variants mosaic_default,mosaic_p2,mosaic_p3 --inner 1 --back-to-back 64 --gpu-time --out "$out" \
+      --tag ${tag}_b8_variants_serial || echo "(stopped: b8_s51, serial)" ;;
   h200_s50)  # (s50, an H200, ~6 min) the bars' rows with today's defaults: issue 6's 7B step at 32 x 100 (fp16,
              # windowquant, C, kivi2), then issue 5's 32k rows (mix) at batch 8 and 60. (s50's H100 call found the
              # factored keys no faster in the kernel and their bias pass slow: not timed here.)

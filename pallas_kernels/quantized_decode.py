@@ -145,6 +145,7 @@ class DecodeConfig:
   # `decode_throughput_*_s33_fused_combine_h100.md`).
   fused_combine: bool = False
   combine_channel_blocks: int | None = None  # the combine's channel blocks; None: `combine_channel_blocks`
+  combine_warps: int = 4  # warps a combine program (s51: timed against 1 and 2 at batch 8 x 32k)
   # The INT2 pool (window-wise key and value scales, window 32, head dim 128, G <= 8) in a launch of
   # `mosaic_int2.py`'s Mosaic GPU kernel (JAX >= 0.11), merged with the other launches' partials by the
   # combine. On for every launch here ("pallas:mosaic_int2" and the other MOSAIC_* configurations); the
@@ -1353,7 +1354,7 @@ def combine_kernel(sets, group: int, *, channel_blocks: int | None = None, confi
       in_specs=[whole(x) for x in inputs],
       out_specs=pl.BlockSpec((pl.Element(n * group), pl.Element(h)), lambda i, c: (0, 0)),
       out_shape=jax.ShapeDtypeStruct((n * group, h), out_dtype),
-      compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+      compiler_params=plgpu.CompilerParams(num_warps=config.combine_warps, num_stages=1),
       interpret=interpret,
       name="wq_combine",
   )(*inputs)
