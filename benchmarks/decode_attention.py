@@ -528,15 +528,15 @@ VARIANTS = {
     # its channel blocks), and as XLA's kernels
     "eight_combine_one_block": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, combine_channel_blocks=1),
     "eight_xla_merge": dataclasses.replace(qd.MOSAIC_LEAN_EIGHT, fused_combine=False),
-    # s51, batch 8 x 32k: the merge's grid (channel blocks: 8 by default there, 16 channels a program) and warps
-    # a program (4 by default), where its 7.2 µs move ~7 MB of partials (~1 TB/s: latency, not bytes)
-    "combine_b16": dataclasses.replace(qd.MOSAIC_DEFAULT, combine_channel_blocks=16),
-    "combine_b16_w2": dataclasses.replace(qd.MOSAIC_DEFAULT, combine_channel_blocks=16, combine_warps=2),
-    "combine_b8_w2": dataclasses.replace(qd.MOSAIC_DEFAULT, combine_channel_blocks=8, combine_warps=2),
-    "combine_b32_w1": dataclasses.replace(qd.MOSAIC_DEFAULT, combine_channel_blocks=32, combine_warps=1),
+    # s51: the merge's grid (channel blocks) and warps a program. s51's first runs named 4 warps (the default then)
+    # "combine_b16", "combine_b16_w2" and "combine_b8_w2" for 16 blocks at 4 and 2 warps and 8 at 2; s33-s50's default
+    # is combine_b8_w4 at batch 8 (32 pairs), combine_b4_w4 at 32 x 100 (128), combine_b2_w4 at batch 60 (240)
+    **{f"combine_b{b}_w{w}": dataclasses.replace(qd.MOSAIC_DEFAULT, combine_channel_blocks=b, combine_warps=w)
+       for b in (1, 2, 4, 8, 16, 32, 64) for w in (1, 2, 4)},
     # s51, batch 8 x 32k: the Mosaic launches' grids for two or three programs an SM (8 or 12 splits: 64 or 96
     # CTAs a pool, not 128), so that under the concurrent graph the INT2 and INT4 launches (and the Triton one)
-    # can share the machine rather than each taking a wave of whole SMs in turn
+    # can share the machine rather than each taking a wave of whole SMs in turn. H100, slower: GPU span 121.8 and
+    # 106.2 µs against 99.6 serially, 111.5 and 112.7 against 106.8 concurrent (`results/s51_b8_variants*_h100.md`)
     "mosaic_p2": dataclasses.replace(qd.MOSAIC_DEFAULT, mosaic_programs_per_multiprocessor=2),
     "mosaic_p3": dataclasses.replace(qd.MOSAIC_DEFAULT, mosaic_programs_per_multiprocessor=3),
     # s33: a program a phase at any grid size (by default only where that fits two waves), so that the 16-bit

@@ -571,9 +571,11 @@ case "${1:-}" in
       || echo "(stopped: h200_s49_min, kernels)" ;;
   b8_s51)  # (s51) batch 8 x 32k, mix, by GPU span: the default (`mosaic_default`: what the default runs there) against
            # the merge's grid at 16 / 32 channel blocks and 1-2 warps a program, and the Mosaic launches' grids for 2
-           # or 3 programs an SM; under XLA's concurrent graph (the decode step's default), then the grids serially
+           # or 3 programs an SM; under XLA's concurrent graph (the decode step's default), then the grids serially.
+           # s51, H100: the grids at 2-3 programs an SM slower (serial span 121.8 / 106.2 µs against 99.6); the merge at
+           # one warp and 32 blocks 5.5 µs against 7.1 (the default since; `results/s51_*_h100.md`)
     timeout 150 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
-      --variants mosaic_default,combine_b16,combine_b16_w2,combine_b8_w2,combine_b32_w1,mosaic_p2,mosaic_p3 \
+      --variants mosaic_default,combine_b16_w4,combine_b16_w2,combine_b8_w2,combine_b32_w1,mosaic_p2,mosaic_p3 \
       --inner 1 --back-to-back 64 --gpu-time --out "$out" --tag ${tag}_b8_variants \
       --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: b8_s51)"
     timeout 80 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \

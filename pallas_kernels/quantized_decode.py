@@ -145,7 +145,13 @@ class DecodeConfig:
   # `decode_throughput_*_s33_fused_combine_h100.md`).
   fused_combine: bool = False
   combine_channel_blocks: int | None = None  # the combine's channel blocks; None: `combine_channel_blocks`
-  combine_warps: int = 4  # warps a combine program (s51: timed against 1 and 2 at batch 8 x 32k)
+  # Warps a combine program, and programs a multiprocessor its grid aims at (`combine_channel_blocks`). Since s51
+  # one warp and ~8 programs an SM (4 channels a block at least), where s33-s50 had four warps and ~2 (16 at least).
+  # H100, the merge's GPU µs (`results/s51_combine_b{8,32,60}_h100.md`, `s51_b8_combine_serial_h100.md`): batch
+  # 8 x 32k (32 pairs, 32 blocks) 5.7 / 5.5 against 7.3 / 7.1; 32 x 19,968 (128 pairs, 8 blocks) 4.2 against 6.2;
+  # 60 x 32k (240 pairs, 4 blocks) 4.7 against 4.7.
+  combine_warps: int = 1
+  combine_programs_per_multiprocessor: int = 8
   # The INT2 pool (window-wise key and value scales, window 32, head dim 128, G <= 8) in a launch of
   # `mosaic_int2.py`'s Mosaic GPU kernel (JAX >= 0.11), merged with the other launches' partials by the
   # combine. On for every launch here ("pallas:mosaic_int2" and the other MOSAIC_* configurations); the
@@ -1243,12 +1249,13 @@ def _weighted_rows(w, o):
 
 
 def combine_channel_blocks(pairs: int, head_dim: int, config: DecodeConfig) -> int:
-  """Channel blocks of `combine_kernel`'s grid: the fewest (a power of two, 16 channels a block at least) that
-  give every multiprocessor two programs, so that a small batch's merge is not a few programs' serial loads."""
+  """Channel blocks of `combine_kernel`'s grid: the most (a power of two, 4 channels a block at least) that keep
+  its pairs x blocks programs within `combine_programs_per_multiprocessor` an SM, so that a small batch's merge
+  is many short programs' loads in flight, not a few programs' serial ones."""
   if config.combine_channel_blocks:
     return config.combine_channel_blocks
-  blocks, want = 1, -(-2 * _multiprocessors(config) // max(pairs, 1))
-  while blocks < want and head_dim // (2 * blocks) >= 16:
+  blocks, most = 1, config.combine_programs_per_multiprocessor * _multiprocessors(config) // max(pairs, 1)
+  while 2 * blocks <= most and head_dim // (2 * blocks) >= 4:
     blocks *= 2
   return blocks
 
@@ -1344,6 +1351,8 @@ def combine_kernel(sets, group: int, *, channel_blocks: int | None = None, confi
     # a part's rows: o [Gp, H] or heads last [H, 2 * 8]; m and l [Gp] or [2 * 8]
     inputs += [o.reshape(n * parts, o.shape[3], -1), m.reshape(n * parts, -1), l.reshape(n * parts, -1)]
   blocks = channel_blocks or combine_channel_blocks(n, h, config)
+  if interpret and not channel_blocks:  # a program is a Python step on the CPU: CI's time (block counts up to 32
+    blocks = min(blocks, 8)             # are tested by name)
   width = h // blocks
   chunk = lambda parts: min(_pow2_floor(max(1, _COMBINE_CHUNK // (rows * width))), _pow2_floor(parts))  # a load's
   kinds = tuple((last, parts, chunk(parts), parities) for last, parts, parities in kinds)

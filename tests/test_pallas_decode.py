@@ -364,14 +364,26 @@ def test_combine_kernel_matches_combine_splits(parts, group, blocks):
 
 
 def test_combine_channel_blocks_fill_the_device():
+  """~8 one-warp programs an SM (132 here), 4 channels a block at least."""
   cfg = qd.DecodeConfig(multiprocessors=132)
-  assert qd.combine_channel_blocks(240, 128, cfg) == 2  # batch 60: 480 programs
-  assert qd.combine_channel_blocks(128, 128, cfg) == 4  # 32 x 100
-  assert qd.combine_channel_blocks(32, 128, cfg) == 8  # batch 8: 16 channels a block, the least
-  assert qd.combine_channel_blocks(4, 128, cfg) == 8
-  assert qd.combine_channel_blocks(4, 64, cfg) == 4
-  assert qd.combine_channel_blocks(1000, 128, cfg) == 1
+  assert qd.combine_channel_blocks(240, 128, cfg) == 4  # batch 60: 960 programs
+  assert qd.combine_channel_blocks(128, 128, cfg) == 8  # 32 x 100
+  assert qd.combine_channel_blocks(32, 128, cfg) == 32  # batch 8: 4 channels a block, the least
+  assert qd.combine_channel_blocks(4, 128, cfg) == 32
+  assert qd.combine_channel_blocks(4, 64, cfg) == 16
+  assert qd.combine_channel_blocks(2000, 128, cfg) == 1
   assert qd.combine_channel_blocks(4, 128, dataclasses.replace(cfg, combine_channel_blocks=2)) == 2
+  assert qd.combine_channel_blocks(128, 128, dataclasses.replace(cfg, combine_programs_per_multiprocessor=2)) == 2
+
+
+def test_combine_kernel_with_four_channels_a_program():
+  """The merge at 32 channel blocks of 4 channels (batch 8's grid since s51), one (request, KV head), both kinds of
+  set, against `combine_sets` on fresh partials."""
+  keys = iter(jax.random.split(jax.random.PRNGKey(12), 8))
+  sets = [_row_set(keys, 1, 1, 3, 16, 128), _heads_last_set(keys, 1, 1, 4, 128, parities=1)]
+  want = _combine_sets(sets, 7)
+  got = jax.jit(lambda *s: qd.combine_kernel(s, 7, channel_blocks=32, interpret=True))(*sets)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
 _combine_sets = jax.jit(qd.combine_sets, static_argnums=1)  # the reference, compiled once (not an op at a time)
