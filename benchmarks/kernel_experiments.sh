@@ -94,6 +94,7 @@
 #   bash benchmarks/kernel_experiments.sh b8_s51    # (s51) batch 8 x 32k (mix): the merge's grid and warps, and the
 #                                                   # Mosaic launches' grids at 2-3 programs an SM (64-96 CTAs a
 #                                                   # pool), concurrent graph and serial, by GPU span (~3 min)
+#   bash benchmarks/kernel_experiments.sh step_s51  # (s51) the 7B step at 32 x 100, s51's merge against s50's
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
 # (`kernels` and `mix` ran on an H100 in s30 with other variants; `overlap` on an H200 in s31 with INT4's keys;
@@ -581,6 +582,11 @@ case "${1:-}" in
     timeout 80 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
       --variants mosaic_default,mosaic_p2,mosaic_p3 --inner 1 --back-to-back 64 --gpu-time --out "$out" \
       --tag ${tag}_b8_variants_serial || echo "(stopped: b8_s51, serial)" ;;
+  step_s51)  # (s51) the 7B step at 32 x 100 with s51's merge (one warp, 8 channel blocks at 128 pairs) against s50's
+             # ("pallas:combine_four_warps": 4 blocks, 4 warps), fp16 beside (timed under both: a repeat)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:combine_four_warps --methods windowquant fp16 --out "$out" --budget-s 250 \
+      --tag ${tag}_combine_step || echo "(stopped: step_s51)" ;;
   h200_s50)  # (s50, an H200, ~6 min) the bars' rows with today's defaults: issue 6's 7B step at 32 x 100 (fp16,
              # windowquant, C, kivi2), then issue 5's 32k rows (mix) at batch 8 and 60. (s50's H100 call found the
              # factored keys no faster in the kernel and their bias pass slow: not timed here.)

@@ -128,6 +128,8 @@ register_variant("pallas", quantized_decode.DecodeConfig())
 register_variant("pallas:triton", quantized_decode.TRITON_ONLY)
 register_variant("pallas:fused_combine", quantized_decode.DecodeConfig(fused_combine=True))
 register_variant("pallas:combine_one_block", quantized_decode.DecodeConfig(combine_channel_blocks=1))
+# s33-s50's merge at 32 x 100 (128 pairs: 4 blocks of 32 channels, 4 warps a program), beside s51's (8 blocks, 1 warp)
+register_variant("pallas:combine_four_warps", quantized_decode.DecodeConfig(combine_channel_blocks=4, combine_warps=4))
 register_variant("pallas:split128", quantized_decode.DecodeConfig(min_tokens_per_split=128))  # the default until s35
 if mosaic_int2.available():
   register_variant("pallas:mosaic_int2", quantized_decode.DecodeConfig(int2_mosaic=True))
