@@ -533,6 +533,13 @@ VARIANTS = {
     # is combine_b8_w4 at batch 8 (32 pairs), combine_b4_w4 at 32 x 100 (128), combine_b2_w4 at batch 60 (240)
     **{f"combine_b{b}_w{w}": dataclasses.replace(qd.MOSAIC_DEFAULT, combine_channel_blocks=b, combine_warps=w)
        for b in (1, 2, 4, 8, 16, 32, 64) for w in (1, 2, 4)},
+    # s51, batch 8 x 32k: the Triton launch (the 16-bit windows and the rest, ~80 MB at ~82 % of the copy where batch
+    # 60's streams ~96 %) on other grids (12 splits by default there): 6 splits (800 keys a split at least), the grid
+    # sized for 2, 4 or 6 programs an SM (8, 16, 24 splits), 4 pipeline stages; the Mosaic launches as the default's
+    **{f"triton_{name}": dataclasses.replace(qd.MOSAIC_DEFAULT, **fields) for name, fields in (
+        ("j6", dict(min_tokens_per_split=800)), ("p2", dict(programs_per_multiprocessor=2)),
+        ("p4", dict(programs_per_multiprocessor=4)), ("p6", dict(programs_per_multiprocessor=6)),
+        ("s4", dict(num_stages=4)))},
     # s51, batch 8 x 32k: the Mosaic launches' grids for two or three programs an SM (8 or 12 splits: 64 or 96
     # CTAs a pool, not 128), so that under the concurrent graph the INT2 and INT4 launches (and the Triton one)
     # can share the machine rather than each taking a wave of whole SMs in turn. H100, slower: GPU span 121.8 and

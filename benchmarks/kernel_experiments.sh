@@ -94,6 +94,7 @@
 #   bash benchmarks/kernel_experiments.sh b8_s51    # (s51) batch 8 x 32k (mix): the merge's grid and warps, and the
 #                                                   # Mosaic launches' grids at 2-3 programs an SM (64-96 CTAs a
 #                                                   # pool), concurrent graph and serial, by GPU span (~3 min)
+#   bash benchmarks/kernel_experiments.sh triton_b8  # (s51) batch 8 x 32k: the Triton launch's grid
 #   bash benchmarks/kernel_experiments.sh step_s51  # (s51) the 7B step at 32 x 100, s51's merge against s50's
 #   (s36's `stages` timed the INT2 kernel with 3-5 pipeline stages: slower on an H100, removed;
 #    `mosaic_int2_s36_stages_h100.md`)
@@ -582,6 +583,11 @@ case "${1:-}" in
     timeout 80 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
       --variants mosaic_default,mosaic_p2,mosaic_p3 --inner 1 --back-to-back 64 --gpu-time --out "$out" \
       --tag ${tag}_b8_variants_serial || echo "(stopped: b8_s51, serial)" ;;
+  triton_b8)  # (s51) batch 8 x 32k (mix), serial, by GPU span: the Triton launch's grid (`triton_*` variants) beside
+              # the default
+    timeout 120 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
+      --variants mosaic_default,triton_j6,triton_p2,triton_p4,triton_p6,triton_s4 --inner 1 \
+      --back-to-back 64 --gpu-time --out "$out" --tag ${tag}_b8_triton || echo "(stopped: triton_b8)" ;;
   step_s51)  # (s51) the 7B step at 32 x 100 with s51's merge (one warp, 8 channel blocks at 128 pairs) against s50's
              # ("pallas:combine_four_warps": 4 blocks, 4 warps), fp16 beside (timed under both: a repeat)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 32x100 \
