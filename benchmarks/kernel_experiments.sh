@@ -590,9 +590,9 @@ case "${1:-}" in
       --back-to-back 64 --gpu-time --out "$out" --tag ${tag}_b8_triton || echo "(stopped: triton_b8)" ;;
   step_s51)  # (s51) the 7B step at 32 x 100 with s51's merge (one warp, 8 channel blocks at 128 pairs) against s50's
              # ("pallas:combine_four_warps": 4 blocks, 4 warps), fp16 beside (timed under both: a repeat)
-    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout 280 python -m benchmarks.decode_throughput --settings 32x100 \
-      --attention pallas pallas:combine_four_warps --methods windowquant fp16 --out "$out" --budget-s 250 \
-      --tag ${tag}_combine_step || echo "(stopped: step_s51)" ;;
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout ${STEP_S:-280} python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:combine_four_warps --methods ${STEP_METHODS:-windowquant fp16} --out "$out" \
+      --budget-s $(( ${STEP_S:-280} - 30 )) --tag ${tag}_combine_step || echo "(stopped: step_s51)" ;;
   h200_s50)  # (s50, an H200, ~6 min) the bars' rows with today's defaults: issue 6's 7B step at 32 x 100 (fp16,
              # windowquant, C, kivi2), then issue 5's 32k rows (mix) at batch 8 and 60. (s50's H100 call found the
              # factored keys no faster in the kernel and their bias pass slow: not timed here.)
