@@ -1260,8 +1260,9 @@ def combine_channel_blocks(pairs: int, head_dim: int, config: DecodeConfig) -> i
   return blocks
 
 
-_COMBINE_CHUNK = 2048  # elements of o a combine program loads at once (16 a thread at 4 warps; 4096 took 255
-# registers at 64 channels a block, offline)
+_COMBINE_CHUNK = 2048  # elements of o a combine program loads at most at once (4096 took 255 registers at 64
+# channels a block and 4 warps, offline). At one warp (s51) that bound is 64 a thread; batch 8 x 32k's sets load
+# 8-16 parts of 8 rows x 4 channels, 8-16 a thread
 
 
 def _combine_body(*refs, kinds: tuple, rows: int, group: int, width: int):
