@@ -602,6 +602,27 @@ case "${1:-}" in
     timeout 100 python benchmarks/decode_attention.py --tokens 32768 --plans mix --inner 1 --gpu-time --out "$out" \
       --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --batches 8,60 \
       --back-to-back 32 --tag ${tag}_bars || echo "(stopped: h200_s50, bars)" ;;
+  b8_s52)  # (s52) batch 8 x 32k, mix, by GPU span: the default (`mosaic_default`) against a layer's INT2 and INT4
+           # pools in one Mosaic launch (`mosaic_one_launch`, `mosaic_int2.launch_together`; written offline: the hot
+           # loops as the separate launches' in the offline SASS, 128 registers, no spills), each checked against
+           # the XLA path first ("err vs xla"), and that with each pool's grid for 2 programs an SM (one wave of 128
+           # CTAs in all; s51's separate launches at 2 were slower, each leaving half the SMs idle); under XLA's
+           # concurrent graph, then serially
+    timeout 100 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
+      --variants mosaic_default,mosaic_one_launch,mosaic_one_launch_p2 --inner 1 --back-to-back 64 --gpu-time \
+      --out "$out" --tag ${tag}_b8_one_launch \
+      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: b8_s52)"
+    timeout 80 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
+      --variants mosaic_default,mosaic_one_launch,mosaic_one_launch_p2 --inner 1 --back-to-back 64 --gpu-time \
+      --out "$out" --tag ${tag}_b8_one_launch_serial || echo "(stopped: b8_s52, serial)" ;;
+  step_s52)  # (s52) the 7B step at 32 x 100 with a layer's Mosaic pools in one launch ("pallas:mosaic_one_launch")
+             # against the default's launch a pool; fp16 beside (issue 6's ratio)
+    XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout ${STEP_S:-280} python -m benchmarks.decode_throughput --settings 32x100 \
+      --attention pallas pallas:mosaic_one_launch --methods ${STEP_METHODS:-windowquant fp16} --out "$out" \
+      --budget-s $(( ${STEP_S:-280} - 30 )) --tag ${tag}_one_launch_step || echo "(stopped: step_s52)" ;;
+  h200_s52)  # (s52, an H200, ~9 min) `h200_s50` (the bars' rows), then `b8_s52`
+    "$0" h200_s50 || echo "(stopped: h200_s52, h200_s50)"
+    "$0" b8_s52 || echo "(stopped: h200_s52, b8_s52)" ;;
   half_wg5)  # (s48) on half the SMs (batch 16: 64 CTAs) and the full machine, 19,200 tokens (a multiple of 4 and 5
              # steps): the default (4 warpgroups a CTA, 4 splits) against five warpgroups (5 splits)
     timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19200 --splits 4 --out "$out" --batches 16 32 \
@@ -672,6 +693,6 @@ case "${1:-}" in
      echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
      echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps prefolded h200_s47" >&2
      echo "half_machine half_metadata half_interleaved half_vldsm vldsm_default h200_s48 half_wg5 half_paired h200_s48_min" >&2
-     echo "h200_short kivi_check h200_s47" >&2
+     echo "h200_short kivi_check h200_s47 b8_s52 step_s52 h200_s52" >&2
      exit 2 ;;
 esac

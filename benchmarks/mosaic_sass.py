@@ -153,39 +153,83 @@ def lowered_modules(options: dict, shapes: list, splits: int, keep, bits: int = 
   return kept
 
 
+def together_modules(pools: list[tuple[int, int]], batch: int, keep) -> list:
+  """(s52) `keep(...)` as `lowered_modules` gives it, for one launch (`mosaic_int2.launch_together`) of a layer's
+  pools of (bits, tokens) at `batch` pairs, each with the splits and options the default's large-batch
+  configuration gives it (`quantized_decode.mosaic_plan`)."""
+  import jax
+  from jax.experimental.mosaic.gpu import core
+
+  from pallas_kernels import mosaic_int2 as mi
+  from pallas_kernels import quantized_decode as qd
+  config = qd.large_batch(qd.DecodeConfig(multiprocessors=132))
+
+  def launch(*arrays):
+    plans = []
+    for i, (bits, tokens) in enumerate(pools):
+      windows = tokens // mi.WINDOW
+      splits, options = qd.mosaic_plan(batch, windows, bits, config)
+      q, *pool = arrays[7 * i:7 * i + 7]
+      plans.append(mi.range_plan(q, *pool, 0, windows, windows=windows, splits=splits, **options))
+    return mi.launch_together(plans)
+  shapes = [x for bits, tokens in pools for x in pool_shapes(batch, tokens, bits)]
+  kept = []
+  serde = core._run_serde_pass
+
+  def spy(module, *, serialize, ir_version=None):
+    out = serde(module, serialize=serialize, ir_version=ir_version)
+    kept.append(keep(module, out, serialize))
+    return out
+  core._run_serde_pass = spy
+  try:
+    jax.jit(launch).trace(*shapes).lower(lowering_platforms=("cuda",))
+  finally:
+    core._run_serde_pass = serde
+  return kept
+
+
+def _bytecode(module, serialized, serialize):  # only the serializing pass's output goes to the custom call
+  if not serialize:
+    return None
+  buffer = io.BytesIO()
+  serialized.operation.write_bytecode(buffer)
+  return buffer.getvalue()
+
+
 def serialized_module(variant: str, batch: int, tokens: int, splits: int, overrides: dict | None = None,
-                      bits: int = 2) -> bytes:
+                      bits: int = 2, together: list[tuple[int, int]] | None = None) -> bytes:
   """The variant's Mosaic module as the custom call carries it (bytecode after Mosaic's serialization pass),
   for `batch` (request, KV head) pairs x a pool of `tokens` INT2 (or `bits`) codes, with `overrides` of its
-  options."""
+  options; with `together`, (bits, tokens) pools in one launch as the default configures them (`variant` a name)."""
   from pallas_kernels import mosaic_int2 as mi
 
-  def bytecode(module, serialized, serialize):  # only the serializing pass's output goes to the custom call
-    if not serialize:
-      return None
-    buffer = io.BytesIO()
-    serialized.operation.write_bytecode(buffer)
-    return buffer.getvalue()
+  if together:
+    return [m for m in together_modules(together, batch, _bytecode) if m is not None][-1]
   options = dict(mi.VARIANTS[variant], **(overrides or {}))
   if options.get("paged"):
     shapes = paged_shapes(batch, tokens, bits)
   else:
     shapes = pool_shapes(batch, tokens, bits, bool(options.get("values_per_token")))
-  return [m for m in lowered_modules(options, shapes, splits, bytecode, bits) if m is not None][-1]
+  return [m for m in lowered_modules(options, shapes, splits, _bytecode, bits) if m is not None][-1]
 
 
 def _compile_in_this_process(args) -> None:
   """The child's part: lower, then run the plugin's compiler, which dumps into MOSAIC_GPU_DUMP_TO."""
   module = serialized_module(args.variant, args.batch, args.tokens, args.splits, json.loads(args.overrides),
-                             args.bits)
+                             args.bits, _pools(args.together))
   compile_module = ctypes.CDLL(args.plugin).MosaicGpuCompile
   compile_module.argtypes = [ctypes.c_char_p, ctypes.c_int]
   compile_module.restype = ctypes.c_void_p
   compile_module(module, len(module))  # fails after the dumps: the host JIT lacks Mosaic's runtime library
 
 
+def _pools(together: list[str] | None) -> list[tuple[int, int]] | None:
+  """`--together`'s "bits:tokens" pools."""
+  return [tuple(int(x) for x in pool.split(":")) for pool in together] if together else None
+
+
 def compile_variant(variant: str, out: Path, *, batch: int, tokens: int, splits: int, plugin: Path,
-                    cache: Path, overrides: str = "{}", bits: int = 2) -> Path:
+                    cache: Path, overrides: str = "{}", bits: int = 2, together: list[str] | None = None) -> Path:
   """Dumps the variant's PTX and ptxas report under `out/variant`; returns the PTX's path."""
   dump = out / variant
   dump.mkdir(parents=True, exist_ok=True)
@@ -195,7 +239,7 @@ def compile_variant(variant: str, out: Path, *, batch: int, tokens: int, splits:
              MOSAIC_GPU_DUMP_TO=str(dump), MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1")
   command = [sys.executable, __file__, "--child", "--variant", variant, "--batch", str(batch), "--tokens",
              str(tokens), "--splits", str(splits), "--plugin", str(plugin), "--overrides", overrides,
-             "--bits", str(bits)]
+             "--bits", str(bits), *(["--together", *together] if together else [])]
   log = subprocess.run(command, env=env, capture_output=True, text=True)
   ptx = sorted(dump.glob("*.ptx"))
   if not ptx:
@@ -248,6 +292,8 @@ def main(argv=None):
   ap.add_argument("--splits", type=int, default=4)
   ap.add_argument("--bits", type=int, default=2, choices=[2, 4], help="the pool's codes: INT2 or INT4")
   ap.add_argument("--overrides", default="{}", help='options set on every variant, as JSON: \'{"stages": 3}\'')
+  ap.add_argument("--together", nargs="+", help="(s52) pools as bits:tokens in one launch (`launch_together`), "
+                  "each as the default's large-batch configuration takes it; --variants then names the result")
   ap.add_argument("--plugin", help="xla_cuda_plugin.so of jax-cuda12-pjrt (fetched into --cache if not given)")
   ap.add_argument("--cache", default=os.path.expanduser("~/.cache/wq_mosaic_sass"))
   ap.add_argument("--out", default="/tmp/mosaic_sass")
@@ -265,7 +311,7 @@ def main(argv=None):
   rows = []
   for variant in args.variants:
     ptx = compile_variant(variant, out, batch=args.batch, tokens=args.tokens, splits=args.splits, plugin=plugin,
-                          cache=cache, overrides=args.overrides, bits=args.bits)
+                          cache=cache, overrides=args.overrides, bits=args.bits, together=args.together)
     rows.append(summarize(variant, ptx, out))
     loops = ", ".join(str(loop["instructions"]) for loop in rows[-1]["loops"][:4])
     print(f"{variant}: {rows[-1]['report']}; loops {loops}", flush=True)
@@ -273,6 +319,9 @@ def main(argv=None):
     meta = provenance()
     setting = (f"{args.batch} (request, KV head) pairs x {args.tokens} tokens of INT{args.bits} codes, {args.splits} "
                f"splits, options overridden by {args.overrides}")
+    if args.together:
+      setting = (f"{args.batch} (request, KV head) pairs; pools (bits:tokens) {' '.join(args.together)} in one launch, "
+                 "each as the default's large-batch configuration takes it")
     command = meta["command"]
     Path(args.results).mkdir(parents=True, exist_ok=True)
     with open(Path(args.results) / f"{args.tag}.json", "w") as f:

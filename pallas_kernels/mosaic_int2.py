@@ -47,10 +47,16 @@ channels, 16^p c, instead of 4 of 32 (the bit width follows from the codes' shap
 launch at batch 8, 0.91 x at 60, session 23: off by default). Since session 27 the large-batch options take INT4
 too (magic exponents under 2^(10 - 4p), V^T in registers from a token's two code bytes: `value_row_byte`;
 `"pallas:mosaic_int2_wg4_vregs_int4"`, compiled offline but not yet timed).
+
+A launch is a `KernelPlan` (`kernel_plan`): its body, operands, grid and shared memory. `int2_decode` launches one;
+`launch_together` (s52) launches several pools' in one grid, each CTA its own pool's body and shared memory, so that
+a layer's INT2 and INT4 pools cost one launch's fill and drain (`DecodeConfig.mosaic_one_launch`; untimed).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -1238,7 +1244,91 @@ def _f16_bits(x: float) -> int:
   return int(np.array(x, np.float16).view(np.uint16))
 
 
-def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits: int, interpret=None,
+@dataclasses.dataclass(frozen=True)
+class KernelPlan:
+  """One launch's kernel as `kernel_plan` builds it: `body(pair, split, *inputs, *outputs, *scratch)`, the
+  operands it is called on, its outputs (o_t, m, l), its grid of CTAs (pairs, splits), the shared memory and
+  barriers it allocates (`scratch`), its warpgroups a CTA and compiler parameters."""
+  body: Callable
+  operands: tuple
+  out_type: tuple
+  grid: tuple[int, int]
+  scratch: tuple
+  warpgroups: int
+  compiler_params: Any
+  interpret: Any
+
+  @property
+  def ctas(self) -> int:
+    return self.grid[0] * self.grid[1]
+
+
+def int2_decode(*args, **options):
+  """Partial softmax of each (pair, split): `kernel_plan`'s kernel (its arguments and options) in a launch of its
+  own. Returns o_t [N, J, H, C] (unnormalized, f32), m and l [N, J, C]."""
+  return launch(kernel_plan(*args, **options))
+
+
+def launch(plan: KernelPlan):
+  """A `KernelPlan`'s kernel in a launch of its own, its grid (pair, split): o_t, m, l."""
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  def kernel(*refs):
+    plan.body(lax.axis_index("pair"), lax.axis_index("split"), *refs)
+  call = plgpu.kernel(kernel, out_type=plan.out_type, grid=plan.grid, grid_names=("pair", "split"),
+                      scratch_types=plan.scratch, **_threads(plan.warpgroups), compiler_params=plan.compiler_params,
+                      interpret=plan.interpret)
+  return call(*plan.operands)
+
+
+def can_launch_together(plans) -> bool:
+  """Whether `launch_together` takes these plans: the same warpgroups a CTA, compiler parameters and mode."""
+  return len({(plan.warpgroups, plan.compiler_params, repr(plan.interpret)) for plan in plans}) == 1
+
+
+def _threads(warpgroups: int) -> dict:
+  return dict(num_threads=warpgroups, thread_name="wg") if warpgroups > 1 else {}
+
+
+def launch_together(plans) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
+  """Several kernels (`KernelPlan`s: pools of other widths and options) in one launch, each (o_t, m, l) as its
+  own launch would give them. The grid is the plans' CTAs one after another; a CTA runs its plan's body alone,
+  with that plan's shared memory and barriers allocated inside its branch, so the launch takes the most any
+  plan needs, not their sum. One launch where there were several: no wait for one grid to drain before the
+  next begins, and one launch's fixed cost (batch 8 x 32k: the INT2 and INT4 pools, s50-s51). The plans must
+  agree on warpgroups a CTA and compiler parameters."""
+  from jax.experimental import pallas as pl
+  from jax.experimental.pallas import mosaic_gpu as plgpu
+
+  plans = list(plans)
+  first = plans[0]
+  if not can_launch_together(plans):
+    raise ValueError("launch_together: the plans differ in warpgroups a CTA, compiler parameters or interpret mode: "
+                     f"{[(plan.warpgroups, plan.compiler_params) for plan in plans]}")
+  starts = np.cumsum([0] + [plan.ctas for plan in plans]).tolist()
+  inputs = np.cumsum([0] + [len(plan.operands) for plan in plans]).tolist()
+  collective = ("wg",) if first.warpgroups > 1 else ()
+
+  def kernel(*refs):
+    outputs = refs[inputs[-1]:]
+    cta = lax.axis_index("cta")
+    for i, plan in enumerate(plans):
+      own_inputs = refs[inputs[i]:inputs[i + 1]]
+      own_outputs = outputs[3 * i:3 * i + 3]
+
+      @pl.when((cta >= starts[i]) & (cta < starts[i + 1]))
+      def _(plan=plan, own_inputs=own_inputs, own_outputs=own_outputs, start=starts[i]):
+        pair, split = (cta - start) // plan.grid[1], (cta - start) % plan.grid[1]
+        pl.run_scoped(functools.partial(plan.body, pair, split, *own_inputs, *own_outputs), *plan.scratch,
+                      collective_axes=collective)
+  call = plgpu.kernel(kernel, out_type=tuple(t for plan in plans for t in plan.out_type), grid=(starts[-1],),
+                      grid_names=("cta",), **_threads(first.warpgroups), compiler_params=first.compiler_params,
+                      interpret=first.interpret)
+  flat = call(*(x for plan in plans for x in plan.operands))
+  return [tuple(flat[3 * i:3 * i + 3]) for i in range(len(plans))]
+
+
+def kernel_plan(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits: int, interpret=None,
                 fast_unpack: bool = True, stages: int = 2, approx_math: bool = False, ptx_fma: bool = True,
                 auto_barriers: bool = False, magic_exponents: bool = False, overlap_values: bool = True,
                 defer_values_wgmma: bool = False, values_by_part: bool = False, keys_in_smem: bool = False,
@@ -1253,7 +1343,8 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 paged: bool = False, knockout: str = "", sixteen_columns_out: bool = False,
                 fetch_warp_by_group: bool = False, prefolded_minimums: bool = False,
                 interleaved_key_parts: bool = False, factored_keys: bool = False):
-  """Partial softmax of each (pair, split): o_t [N, J, H, C] (unnormalized, f32), m and l [N, J, C].
+  """The kernel of one launch (`KernelPlan`: `int2_decode` launches it, `launch_together` beside others): partial
+  softmax of each (pair, split), o_t [N, J, H, C] (unnormalized, f32), m and l [N, J, C].
 
   q [N, G, H] (scaled, base 2), k_bias from `key_bias`. Column c of the results is head c % 8 over the windows
   of parity c // 8: C = 16, or with `eight_column_softmax` 8 (head c over both parities). `fast_unpack`: codes to
@@ -1582,11 +1673,10 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
   def smem(shape, dtype, row_bytes=None):
     return plgpu.SMEM(shape, dtype, transforms=swizzled(row_bytes, dtype) if row_bytes else ())
 
-  def kernel(range_g, qt_g, qr_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_slots, p_slots,
-             bias_s, vote_slots, bar, *group_scratch):
+  def kernel(pair, split, range_g, qt_g, qr_g, kc_g, ks_g, kb_g, vc_g, vs_g, vm_g, o_g, m_g, l_g, bq_s, v_slots,
+             p_slots, bias_s, vote_slots, bar, *group_scratch):
     if grid_dependency_wait and interpret is None:  # nothing read before: the wait is all the ordering needed
       plgpu.griddepcontrol_wait()
-    pair, split = lax.axis_index("pair"), lax.axis_index("split")
     if groups > 1:  # this warpgroup's pair, split and buffers
       wg = lax.axis_index("wg")
       if pairs_per_cta > 1:
@@ -2186,7 +2276,6 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
              smem((max(bias_rows, 8), COLUMNS), jnp.float32),
              smem((*per_group, 2, 4), jnp.int32),  # `lagged_max`: the 4 warps' votes, two steps' slots
              plgpu.Barrier(num_arrivals=1, num_barriers=groups)]
-  threads = {}
   if groups > 1:  # range, O^T and (m, l) staging, the pipeline's buffers and barriers, a set a warpgroup
     blocks_of = lambda shape, dtype, row_bytes=None: smem((groups, stages, *shape), dtype, row_bytes)
     codes_of = lambda: blocks_of((STEP * spb, packed), jnp.uint8, packed)
@@ -2199,20 +2288,17 @@ def int2_decode(q, k_codes, k_scale, k_bias, v_codes, v_scale, v_min, *, splits:
                 blocks_of((value_rows * spb, value_columns), jnp.float16),
                 plgpu.Barrier(num_arrivals=6 * (2 * spb if paged else 1), num_barriers=groups * stages),
                 smem((groups, REDUCTION_SCRATCH if spb == 1 else REDUCTION_SCRATCH_BLOCK2), jnp.float32)]
-    threads = dict(num_threads=groups, thread_name="wg")
   if values_scaled_after:  # ones for the column sums of P, one buffer a CTA (the last scratch)
     scratch.append(smem((STEP, HEAD_DIM), jnp.float16, 32))
-  call = plgpu.kernel(
-      kernel,
+  return KernelPlan(
+      body=kernel, operands=(range_params, qt, q_raw, k_codes, k_scale, k_bias, v_codes, v_scale, v_min),
       out_type=(jax.ShapeDtypeStruct((n, splits, HEAD_DIM, out_columns), jnp.float32),
                 jax.ShapeDtypeStruct((n, splits, out_columns), jnp.float32),
                 jax.ShapeDtypeStruct((n, splits, out_columns), jnp.float32)),
-      grid=(n // pairs_per_cta, max(1, splits // groups)), grid_names=("pair", "split"),
-      scratch_types=scratch, **threads,
+      grid=(n // pairs_per_cta, max(1, splits // groups)), scratch=tuple(scratch), warpgroups=groups,
       compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane,
                                            approx_math=approx_math, unsafe_no_auto_barriers=not auto_barriers),
       interpret=interpret)
-  return call(range_params, qt, q_raw, k_codes, k_scale, k_bias, v_codes, v_scale, v_min)
 
 
 MAX_BIAS_ROWS = 256  # 16 KB of shared memory a program, three programs an SM
@@ -2265,6 +2351,22 @@ def range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, c
   """Partials (`int2_decode`'s o_t, m, l) over windows first ... first + count - 1 of a pool (a layer's range
   in a cache shared by layers; first and count data, `windows` >= count static, the bias's size): the
   splits share ceil(count / 2) steps, whatever the bound."""
+  args, options = _range_arguments(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, count,
+                                   windows=windows, splits=splits, interpret=interpret, **options)
+  return int2_decode(*args, **options)
+
+
+def range_plan(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, count, *, windows: int, splits: int,
+               interpret=None, **options) -> KernelPlan:
+  """`range_partials`' kernel as a `KernelPlan`, for `launch_together`."""
+  args, options = _range_arguments(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, count,
+                                   windows=windows, splits=splits, interpret=interpret, **options)
+  return kernel_plan(*args, **options)
+
+
+def _range_arguments(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, count, *, windows: int,
+                     splits: int, interpret=None, **options) -> tuple[tuple, dict]:
+  """`kernel_plan`'s arguments and options for a range of a pool (`range_partials`)."""
   first = jnp.asarray(first, jnp.int32)
   spb = options.get("steps_per_block", 1)
   if options.get("bias_in_kernel") and in_kernel_bias_rows(windows, splits, spb) > MAX_BIAS_ROWS:
@@ -2279,8 +2381,8 @@ def range_partials(q, k_codes, k_scale, k_min, v_codes, v_scale, v_min, first, c
   else:
     bias, bias_row = range_bias(q, k_min, first, count, windows, spb)
   params = jnp.zeros((32,), jnp.int32).at[:3].set(jnp.stack([first, jnp.asarray(count, jnp.int32), bias_row]))
-  return int2_decode(q, k_codes, k_scale, bias, v_codes, v_scale, v_min, splits=splits, interpret=interpret,
-                     range_params=params, **options)
+  return ((q, k_codes, k_scale, bias, v_codes, v_scale, v_min),
+          dict(options, splits=splits, interpret=interpret, range_params=params))
 
 
 def heap_views(heap, bits: int):

@@ -219,6 +219,12 @@ class DecodeConfig:
   # path. Off ("pallas:triton_first" turns it on): s45, H100, the mixed plan's span at batch 8 x 32k 5 % shorter,
   # the all-INT2 plan's 14 % longer, the 7B step 1.5-1.9 % slower (`results/s45_triton_first_*_h100.md`).
   triton_first: bool = False
+  # A layer's Mosaic pools (INT2 and INT4 windows', KIVI's) in one launch (`mosaic_int2.launch_together`: a CTA runs
+  # its own pool's kernel, the launch allocates the most shared memory any of them takes), not a launch each. At
+  # batch 8 x 32k (mix) the INT2 and INT4 pools' two launches took ~51 µs of a ~95 µs span in series (H100, s50-s51),
+  # each with its own fill and drain, and overlapping launches did not pay (the Mosaic CTAs hold whole SMs). Off
+  # until timed ("pallas:mosaic_one_launch" turns it on; s52, written offline).
+  mosaic_one_launch: bool = False
 
 
 # The Mosaic INT2 launch with its key minimums' biases computed in the kernel, not by an XLA einsum over the
@@ -240,7 +246,7 @@ MOSAIC_LAGGED_MAX = DecodeConfig(
 MOSAIC_INT2_INT4 = dataclasses.replace(MOSAIC_LAGGED_MAX, int4_mosaic=True)
 # Four programs a CTA of 512 threads (ptxas must fit 128 registers: 4 programs an SM), the keys dequantized
 # and the lagged maximum, without the deferred V wgmma (its second V and P buffers would take four
-# warpgroups' shared memory to ~242 KB, past the H200's 227) ("pallas:mosaic_int2_wg4"; `_mosaic_int2_partials`
+# warpgroups' shared memory to ~242 KB, past the H200's 227) ("pallas:mosaic_int2_wg4"; `mosaic_plan`
 # rounds the splits up to a multiple of 4), its partials and the Triton launch's merged by XLA. Session 22's
 # wrong results (its warpgroups shared Pallas' one reduction scratch) are fixed (`mosaic_int2._column_reduce`):
 # the checks and 6-call race runs passed on the H200 (session 23, `mosaic_int2_races_s23.json`), and at batch
@@ -438,6 +444,8 @@ MOSAIC_FACTORED = default_with(dict(narrow_scores=False, factored_keys=True))
 # (s46) The default with the Mosaic launches' partials 16 columns wide, 8 of them empty, as they were until s46 (the
 # eight-column softmax's outputs are 8 since): the comparison in one run (`kernel_experiments.sh narrow_out`)
 MOSAIC_WIDE_OUTPUT = default_with(dict(sixteen_columns_out=True))
+# (s52) The default with a layer's Mosaic pools in one launch (`mosaic_one_launch`; untimed)
+MOSAIC_ONE_LAUNCH = default_with({}, mosaic_one_launch=True)
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 39 (MOSAIC_WIDE in s38,
 # MOSAIC_FOUR_SPLITS in s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before
 # it MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
@@ -985,10 +993,14 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
         q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
     if config.triton_first:  # the Mosaic launches start once the Triton launch has written its partials
       qg, triton_sets = lax.optimization_barrier((qg, triton_sets))
-    return [*triton_sets,
-            *[_mosaic_int2_partials(qg, k_pools[i], v_pools[i], offsets[i], counts[i],
-                                    windows=pool_tokens[i] // window_size, config=config, q_scale=q_scale,
-                                    interpret=interpret) for i in mosaic]], config
+    plans = [_mosaic_pool_plan(qg, k_pools[i], v_pools[i], offsets[i], counts[i], windows=pool_tokens[i] // window_size,
+                               config=config, q_scale=q_scale, interpret=interpret) for i in mosaic]
+    if config.mosaic_one_launch and len(plans) > 1 and mosaic_int2.can_launch_together(plans):
+      partials = mosaic_int2.launch_together(plans)
+    else:
+      partials = [mosaic_int2.launch(plan) for plan in plans]
+    b, kh = qg.shape[:2]
+    return [*triton_sets, *[mosaic_set(*p, b, kh) for p in partials]], config
   int4 = [i for i in present if k_pools[i].bits == 4]
   if int4 and int4_launch_pays(config, b * kh * sum(pool_tokens[i] for i in int4)):
     others = [i for i in present if i not in int4]
@@ -1069,22 +1081,21 @@ def kivi_options(options: dict) -> dict:
               ldmatrix_metadata=False, metadata_in_thread_order=False)
 
 
-def _mosaic_int2_partials(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, windows: int,
-                          config: DecodeConfig, q_scale: float, interpret: bool):
-  """The layer's windows [first, first + count) of an INT2 pool (`windows` >= count, static) through the
-  Mosaic GPU kernel: partial softmaxes m and l [B, K, PJ, 8] as `_launch`'s but of 8 rows (P window
-  parities a split, 1 or 2: `mosaic_set`; rows from G on are padding), and o as the kernel writes it, heads last:
+def _mosaic_pool_plan(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, windows: int, config: DecodeConfig,
+                      q_scale: float, interpret: bool) -> mosaic_int2.KernelPlan:
+  """The Mosaic GPU kernel over the layer's windows [first, first + count) of a pool (`windows` >= count, static),
+  as a `mosaic_int2.KernelPlan`. Its partials (`mosaic_set`): m and l [B, K, PJ, 8] as `_launch`'s but of 8 rows
+  (P window parities a split, 1 or 2; rows from G on are padding), and o as the kernel writes it, heads last:
   [B, K, J, H, P, 8] (transposing it cost the 7B step 0.14 ms at 32 x 100, session 22)."""
   b, kh, g, h = qg.shape
   n = b * kh
   q = qg.reshape(n, g, h).astype(jnp.float32) * (q_scale * _LOG2E)
   flat = lambda x: x.reshape(n, *x.shape[2:])
   splits, options = mosaic_plan(n, windows, kp.bits, config, kivi=bool(vp.channel_group))
-  o_t, m, l = mosaic_int2.range_partials(
+  return mosaic_int2.range_plan(
       q, flat(kp.data), flat(kp.scale), flat(kp.minimum), flat(vp.data), flat(vp.scale), flat(vp.minimum),
       first, count, windows=windows, splits=splits,
       interpret=mosaic_int2.interpret_params() if interpret else None, **options)
-  return mosaic_set(o_t, m, l, b, kh)
 
 
 def mosaic_plan(pairs: int, windows: int, bits: int, config: DecodeConfig, kivi: bool = False) -> tuple[int, dict]:

@@ -990,11 +990,12 @@ def test_bad_shapes_are_refused():
 # values_after, ftz, ftz_block2 (merged's) and lean_eight (vregs_int4's, but for KIVI's pools, which are not here))
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "int2_int4",
                                      "merged", "vregs_int4", "two_splits", "paired", "narrow", "wide", "two_warpgroups",
-                                     "triton_first", "wide_output", "factored"])
-def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
+                                     "triton_first", "wide_output", "factored", "one_launch"])
+def test_as_the_int2_phase_of_quantized_decode(interpret, variant, monkeypatch):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
-  `int2_int4`: the INT4 pool through this kernel too, in a launch of its own."""
+  `int2_int4`: the INT4 pool through this kernel too, in a launch of its own; `one_launch` (s52): the INT2 and
+  INT4 pools in one launch (`mosaic_int2.launch_together`)."""
   import jax
   import jax.numpy as jnp
 
@@ -1032,7 +1033,11 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
                 # the Triton launch before the Mosaic one (s44)
                 triton_first=qd.DecodeConfig(int2_mosaic=True, triton_first=True),
                 wide_output=qd.MOSAIC_WIDE_OUTPUT,  # s45's 16-column partials, 8 empty (s46)
-                factored=qd.MOSAIC_FACTORED)[variant]  # INT2 windows' keys factored (s49)
+                factored=qd.MOSAIC_FACTORED,  # INT2 windows' keys factored (s49)
+                one_launch=qd.MOSAIC_ONE_LAUNCH)[variant]
+  together = []  # the plans of each launch_together
+  monkeypatch.setattr(mi, "launch_together", lambda plans, _launch=mi.launch_together: (
+      together.append(len(plans)), _launch(plans))[1])
   if variant == "two_splits":
     assert qd.mosaic_splits(b * kh, 3, config) == 2
   pool_tokens = tuple(w * window for w in slice_windows)
@@ -1045,6 +1050,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant):
   want = qd.reference(qg * h ** -0.5, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                       window_size=window)
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=3e-3, rtol=0)
+  assert set(together) == ({2} if variant == "one_launch" else set())  # (traced twice: make_jaxpr, then run)
   if variant not in ("default", "int2_int4"):  # the views run the kernels again (CI time): one and two launches
     return
   # partial_softmaxes (the benchmarks' view): both launches' partials in one array, for combine_splits
@@ -1226,3 +1232,61 @@ def test_factored_keys_lower_and_are_refused_where_they_cannot_go():
       mi.attend(*case, splits=4, options=tuple(dict(options, **change).items()))
   with pytest.raises(ValueError, match="factored_keys: INT2"):
     mi.attend(*random_case(0, 4, 512, 7, bits=4), splits=4, options=tuple(options.items()))
+
+
+def test_pools_launched_together_give_what_their_own_launches_give(interpret):
+  """`launch_together` (s52): an INT2 and an INT4 pool's ranges as the large-batch configuration takes them
+  (`quantized_decode.mosaic_plan`'s options), each CTA its own pool's kernel and shared memory, one launch: the
+  same partials as a launch each, to the bit, and float64's after the merge; plans that cannot share a launch
+  are refused."""
+  from pallas_kernels import quantized_decode as qd
+  config = qd.large_batch(qd.DecodeConfig())
+  cases = {2: (random_case(31, 4, 16 * mi.WINDOW, 7, 2), 3, 11, 14), 4: (random_case(32, 4, 12 * mi.WINDOW, 7, 4),
+                                                                        1, 9, 12)}
+  plans, alone = [], []
+  for bits, (case, first, count, windows) in cases.items():
+    options = qd.mosaic_plan(4, windows, bits, config)[1]
+    assert options["warpgroups"] == 4
+    plans.append(mi.range_plan(*case, first, count, windows=windows, splits=4, interpret=interpret, **options))
+    alone.append(mi.range_partials(*case, first, count, windows=windows, splits=4, interpret=interpret, **options))
+  together = mi.launch_together(plans)
+  for (bits, (case, first, count, _)), mine, own in zip(cases.items(), together, alone):
+    for x, y in zip(mine, own):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    q, kc, ks, km, vc, vs, vm = case
+    tokens, windows_ = slice(first * mi.WINDOW, (first + count) * mi.WINDOW), slice(first, first + count)
+    want = mi.reference(q, kc[:, tokens], ks[:, windows_], km[:, windows_], vc[:, tokens], vs[:, windows_],
+                        vm[:, windows_])
+    np.testing.assert_allclose(np.asarray(mi.merge(*mine, q.shape[1])), want, atol=2e-3, rtol=0)
+  case, first, count, windows = cases[2]
+  one_group = mi.range_plan(*case, first, count, windows=windows, splits=2, interpret=interpret,
+                            **dict(qd.mosaic_plan(4, windows, 2, config)[1], warpgroups=1, fetch_by_one_warp=False,
+                                   fetch_warp_by_group=False))
+  with pytest.raises(ValueError, match="warpgroups a CTA"):
+    mi.launch_together([plans[0], one_group])
+
+
+def test_pools_launched_together_lower_for_cuda():
+  """`launch_together`'s compiled path (inline PTX, register operands) lowers for CUDA: batch 8's INT2 and INT4 pools
+  as the default configures them, one custom call, a grid of both pools' CTAs."""
+  import jax
+
+  from pallas_kernels import quantized_decode as qd
+  config = qd.large_batch(qd.DecodeConfig(multiprocessors=132))
+  pools = [(2, 16), (4, 12)]  # bits, windows
+  shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for bits, windows in pools
+            for x in random_case(0, 32, windows * mi.WINDOW, 7, bits)]
+
+  ctas = []
+
+  def launch(*arrays):
+    plans = []
+    for i, (bits, windows) in enumerate(pools):
+      splits, options = qd.mosaic_plan(32, windows, bits, config)
+      plans.append(mi.range_plan(*arrays[7 * i:7 * i + 7], 1, windows - 1, windows=windows, splits=splits,
+                                 **options))
+    ctas.append(sum(plan.ctas for plan in plans))
+    return mi.launch_together(plans)
+  text = jax.jit(launch).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+  calls = [line for line in text.splitlines() if "custom_call" in line and "mosaic_gpu" in line]
+  assert len(calls) == 1 and ctas == [2 * 32 * 8 // 4]  # 8 splits a pool's pair, 4 a CTA
