@@ -215,17 +215,16 @@ def mosaic_formats(layer, pairs: int, groups: int, head_dim: int, interpret: boo
   return qd.LARGE_BATCH_BITS
 
 
-def _mosaic_set(q, layer, bits: int, large: qd.DecodeConfig, interpret: bool):
-  """The layer's windows of `bits` bits through the Mosaic kernel, read where their records lie: a set of
-  partials for the combine (o heads last). q [B, K, G, H] f32, base-2 scores."""
+def _mosaic_plan(q, layer, bits: int, large: qd.DecodeConfig, interpret: bool) -> mi.KernelPlan:
+  """The Mosaic kernel over the layer's windows of `bits` bits, read where their records lie (its partials a set
+  for the combine, o heads last: `quantized_decode.mosaic_set`). q [B, K, G, H] f32, base-2 scores."""
   b, kh, g, h = q.shape
   fmt = FORMATS.index(bits)
   counts = layer.format_counts.astype(jnp.int32)
   splits, options = qd.mosaic_plan(b * kh, layer.plan.shape[0], bits, large)  # the layer's windows bound the count
-  o_t, m, l = mi.paged_partials(q.reshape(b * kh, g, h), layer.k_heap, layer.v_heap, layer.format_starts,
-                                jnp.sum(counts[:fmt]), counts[fmt], bits=bits, splits=splits,
-                                interpret=mi.interpret_params() if interpret else None, **options)
-  return qd.mosaic_set(o_t, m, l, b, kh)
+  return mi.paged_plan(q.reshape(b * kh, g, h), layer.k_heap, layer.v_heap, layer.format_starts,
+                       jnp.sum(counts[:fmt]), counts[fmt], bits=bits, splits=splits,
+                       interpret=mi.interpret_params() if interpret else None, **options)
 
 
 def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeConfig = PAGED,
@@ -288,7 +287,12 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
   # the Mosaic launches and the merged combine, as the pools take them
   base = qd.DecodeConfig() if mosaic_config is None else mosaic_config
   large = base if base.int2_mosaic else qd.large_batch(base)
-  sets = [triton, *(_mosaic_set(scaled, layer, bits, large, interpret) for bits in mosaic)]
+  plans = [_mosaic_plan(scaled, layer, bits, large, interpret) for bits in mosaic]
+  if large.mosaic_one_launch and len(plans) > 1 and mi.can_launch_together(plans):  # the formats in one launch
+    partials = mi.launch_together(plans)
+  else:
+    partials = [mi.launch(plan) for plan in plans]
+  sets = [triton, *(qd.mosaic_set(*p, b, kh) for p in partials)]
   if large.fused_combine:
     return qd.combine_kernel(sets, g, config=large, interpret=interpret)
   return qd.combine_sets(sets, g)

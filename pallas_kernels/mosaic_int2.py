@@ -2400,6 +2400,13 @@ def paged_partials(q, k_heap, v_heap, page_table, first, count, *, bits: int, sp
   """Partials (`int2_decode`'s o_t, m, l) over entries first ... first + count - 1 of a layer's page table
   (`format_starts` [W], int32: records of `bits` bits in ablation C's heaps, uint16 [B, K, U]), each window read
   where its record lies (`paged`); first and count data (the splits' trip counts follow count, as a range's)."""
+  return launch(paged_plan(q, k_heap, v_heap, page_table, first, count, bits=bits, splits=splits,
+                           interpret=interpret, **options))
+
+
+def paged_plan(q, k_heap, v_heap, page_table, first, count, *, bits: int, splits: int, interpret=None,
+               **options) -> KernelPlan:
+  """`paged_partials`' kernel as a `KernelPlan`, for `launch_together`."""
   options = unfactored(options)  # (the paged kernel's keys carry their scales)
   pages = page_table.shape[0]
   if pages > MAX_PAGES:
@@ -2411,7 +2418,7 @@ def paged_partials(q, k_heap, v_heap, page_table, first, count, *, bits: int, sp
   params = params.reshape(-1, PAGE_TABLE)
   kc, km = heap_views(k_heap, bits)
   vc, vm = heap_views(v_heap, bits)
-  return int2_decode(q, kc, km, km, vc, vm, vm, splits=splits, interpret=interpret, range_params=params, paged=True,
+  return kernel_plan(q, kc, km, km, vc, vm, vm, splits=splits, interpret=interpret, range_params=params, paged=True,
                      **options)
 
 

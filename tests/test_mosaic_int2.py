@@ -207,16 +207,20 @@ def c_layer(seed, batch, kv_heads, groups, plan, capacity=8):
 
 @pytest.mark.parametrize("mosaic,variant", [((), None), ((2,), None), ((4,), None), ((4, 2), None),
                                             ((4, 2), "MOSAIC_WIDE_OUTPUT")])
-def test_ablation_c_through_both_kernels(interpret, mosaic, variant):
+def test_ablation_c_through_both_kernels(interpret, mosaic, variant, monkeypatch):
   """Ablation C's layer (`interleaved_decode`): the formats in `mosaic` through the Mosaic kernel's paged reading,
   the others and the rest through the Triton kernel (interpret modes), the sets merged by the combine, against
   float64 attention over every window in original order and the rest; with a variant's Mosaic configuration
-  (s46: 16-column partials, as until then)."""
+  (s46: 16-column partials, as until then; with it, s52's formats in one launch, `mosaic_one_launch`)."""
   from pallas_kernels import interleaved_decode as paged
   from pallas_kernels import quantized_decode as qd
   layer, q, k, v, valid = c_layer(19, 2, 2, 7, [2, 16, 4, 2, 2, 4, 16, 2, 4, 2, 2])
-  out = np.asarray(paged.interleaved_decode(q, layer, interpret=True, mosaic=mosaic,
-                                            mosaic_config=getattr(qd, variant) if variant else None))
+  config = dataclasses.replace(getattr(qd, variant), mosaic_one_launch=True) if variant else None
+  together = []  # the plans of each launch_together
+  monkeypatch.setattr(mi, "launch_together", lambda plans, _launch=mi.launch_together: (
+      together.append(len(plans)), _launch(plans))[1])
+  out = np.asarray(paged.interleaved_decode(q, layer, interpret=True, mosaic=mosaic, mosaic_config=config))
+  assert together == ([2] if variant else [])
   logits = np.where(valid[:, None, None], np.einsum("bkgh,bkth->bkgt", q.astype(np.float64), k), -np.inf)
   p = np.exp(logits - logits.max(axis=-1, keepdims=True))
   want = np.einsum("bkgt,bkth->bkgh", p / p.sum(axis=-1, keepdims=True), v)
