@@ -548,11 +548,14 @@ VARIANTS = {
     "mosaic_p2": dataclasses.replace(qd.MOSAIC_DEFAULT, mosaic_programs_per_multiprocessor=2),
     "mosaic_p3": dataclasses.replace(qd.MOSAIC_DEFAULT, mosaic_programs_per_multiprocessor=3),
     # s52: a layer's Mosaic pools (batch 8 x 32k: INT2's 128 CTAs and INT4's 128) in one launch, each CTA its own
-    # pool's kernel (`mosaic_int2.launch_together`): one fill and drain where two launches had one each (untimed)
+    # pool's kernel (`mosaic_int2.launch_together`), each pool's grid as alone (256 CTAs)
     "mosaic_one_launch": qd.MOSAIC_ONE_LAUNCH,
     # that with each pool's grid sized for 2 programs an SM (8 splits: 64 CTAs a pool, 128 in all, one wave): s51's
-    # mosaic_p2 left half the SMs idle through each of its two launches; in one launch both pools share them
+    # mosaic_p2 left half the SMs idle through each of its two launches; in one launch both pools share them. What
+    # the default runs below 64 pairs since s52 (`mosaic_one_launch_shares_wave`); H100, batch 8 x 32k, serial span
+    # 86.8-87.6 µs against 93.6-94.7 with a launch a pool (`results/s52_*_h100.md`, where "mosaic_default" was that)
     "mosaic_one_launch_p2": dataclasses.replace(qd.MOSAIC_ONE_LAUNCH, mosaic_programs_per_multiprocessor=2),
+    "mosaic_separate": qd.MOSAIC_SEPARATE_LAUNCHES,  # a launch a Mosaic pool, as until s52
     # s33: a program a phase at any grid size (by default only where that fits two waves), so that the 16-bit
     # phase's memory-bound programs and the INT2 phase's instruction-bound ones share the SMs at batch 8 x 32k
     "parallel_phases": qd.DecodeConfig(parallel_phases=True),

@@ -602,19 +602,30 @@ case "${1:-}" in
     timeout 100 python benchmarks/decode_attention.py --tokens 32768 --plans mix --inner 1 --gpu-time --out "$out" \
       --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' --batches 8,60 \
       --back-to-back 32 --tag ${tag}_bars || echo "(stopped: h200_s50, bars)" ;;
-  b8_s52)  # (s52) batch 8 x 32k, mix, by GPU span: the default (`mosaic_default`) against a layer's INT2 and INT4
-           # pools in one Mosaic launch (`mosaic_one_launch`, `mosaic_int2.launch_together`; written offline: the hot
-           # loops as the separate launches' in the offline SASS, 128 registers, no spills), each checked against
-           # the XLA path first ("err vs xla"), and that with each pool's grid for 2 programs an SM (one wave of 128
-           # CTAs in all; s51's separate launches at 2 were slower, each leaving half the SMs idle); under XLA's
-           # concurrent graph, then serially
-    timeout 100 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
-      --variants mosaic_default,mosaic_one_launch,mosaic_one_launch_p2 --inner 1 --back-to-back 64 --gpu-time \
-      --out "$out" --tag ${tag}_b8_one_launch \
+  b8_s52)  # (s52) batch 8 x 32k, mix, by GPU span: a launch a Mosaic pool (`mosaic_separate`; "mosaic_default" in s52's
+           # runs, the default until s52) against a layer's INT2 and INT4 pools in one Mosaic launch
+           # (`mosaic_int2.launch_together`): each pool's grid as alone (`mosaic_one_launch`, 256 CTAs) and sized for
+           # 2 programs an SM (`mosaic_one_launch_p2`: one wave of 128 CTAs in all; what `mosaic_default` runs since
+           # s52), each checked against the XLA path first ("err vs xla"); under XLA's concurrent graph, then serially.
+           # s52, H100: serial span 93.6 / 93.1 / 86.8 µs, again 94.6 / 91.9 / 87.6 (`results/s52_*b8_one_launch*_h100.md`)
+    timeout 110 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
+      --variants mosaic_separate,mosaic_default,mosaic_one_launch,mosaic_one_launch_p2 --inner 1 --back-to-back 64 \
+      --gpu-time --out "$out" --tag ${tag}_b8_one_launch \
       --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: b8_s52)"
-    timeout 80 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
-      --variants mosaic_default,mosaic_one_launch,mosaic_one_launch_p2 --inner 1 --back-to-back 64 --gpu-time \
-      --out "$out" --tag ${tag}_b8_one_launch_serial || echo "(stopped: b8_s52, serial)" ;;
+    timeout 90 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
+      --variants mosaic_separate,mosaic_default,mosaic_one_launch,mosaic_one_launch_p2 --inner 1 --back-to-back 64 \
+      --gpu-time --out "$out" --tag ${tag}_b8_one_launch_serial || echo "(stopped: b8_s52, serial)" ;;
+  sizes_s52)  # (s52, run by hand that day) one launch at 128 and 240 pairs and batch 8 at 16k and 32k tokens, mix,
+              # serial and concurrent graphs (`results/s52_one_launch_b{60,32}_*_h100.md`, `s52_run3_b8_*_h100.md`)
+    for shape in 60,32768 32,19968 8,16384 8,32768; do
+      for mode in serial concurrent; do
+        opts=(); [ $mode = concurrent ] && opts=(--compiler-options \
+          '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}')
+        timeout 110 python benchmarks/decode_attention.py --variant-shape $shape --variant-plans mix --no-sweep \
+          --variants mosaic_separate,mosaic_default,mosaic_one_launch --inner 1 --back-to-back 64 --gpu-time \
+          --out "$out" --tag ${tag}_sizes_b${shape%%,*}_t${shape##*,}_$mode "${opts[@]}" || echo "(stopped: $shape)"
+      done
+    done ;;
   step_s52)  # (s52) the 7B step at 32 x 100 with a layer's Mosaic pools in one launch ("pallas:mosaic_one_launch")
              # against the default's launch a pool; fp16 beside (issue 6's ratio)
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout ${STEP_S:-280} python -m benchmarks.decode_throughput --settings 32x100 \
@@ -693,6 +704,6 @@ case "${1:-}" in
      echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
      echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps prefolded h200_s47" >&2
      echo "half_machine half_metadata half_interleaved half_vldsm vldsm_default h200_s48 half_wg5 half_paired h200_s48_min" >&2
-     echo "h200_short kivi_check h200_s47 b8_s52 step_s52 h200_s52" >&2
+     echo "h200_short kivi_check h200_s47 b8_s52 sizes_s52 step_s52 h200_s52" >&2
      exit 2 ;;
 esac

@@ -287,11 +287,8 @@ def interleaved_decode(qg: Float[Array, "B K G H"], layer, *, config: qd.DecodeC
   # the Mosaic launches and the merged combine, as the pools take them
   base = qd.DecodeConfig() if mosaic_config is None else mosaic_config
   large = base if base.int2_mosaic else qd.large_batch(base)
-  plans = [_mosaic_plan(scaled, layer, bits, large, interpret) for bits in mosaic]
-  if large.mosaic_one_launch and len(plans) > 1 and mi.can_launch_together(plans):  # the formats in one launch
-    partials = mi.launch_together(plans)
-  else:
-    partials = [mi.launch(plan) for plan in plans]
+  partials = qd.mosaic_launches(lambda c: [_mosaic_plan(scaled, layer, bits, c, interpret) for bits in mosaic], large,
+                                b * kh, len(mosaic))
   sets = [triton, *(qd.mosaic_set(*p, b, kh) for p in partials)]
   if large.fused_combine:
     return qd.combine_kernel(sets, g, config=large, interpret=interpret)

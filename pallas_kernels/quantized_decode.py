@@ -220,11 +220,20 @@ class DecodeConfig:
   # the all-INT2 plan's 14 % longer, the 7B step 1.5-1.9 % slower (`results/s45_triton_first_*_h100.md`).
   triton_first: bool = False
   # A layer's Mosaic pools (INT2 and INT4 windows', KIVI's) in one launch (`mosaic_int2.launch_together`: a CTA runs
-  # its own pool's kernel, the launch allocates the most shared memory any of them takes), not a launch each. At
-  # batch 8 x 32k (mix) the INT2 and INT4 pools' two launches took ~51 µs of a ~95 µs span in series (H100, s50-s51),
-  # each with its own fill and drain, and overlapping launches did not pay (the Mosaic CTAs hold whole SMs). Off
-  # until timed ("pallas:mosaic_one_launch" turns it on; s52, written offline).
-  mosaic_one_launch: bool = False
+  # its own pool's kernel, the launch allocates the most shared memory any of them takes), not a launch each: True
+  # always, False never, None (the default since s52) where the launch has fewer than `mosaic_one_launch_below_pairs`
+  # (request, KV head) pairs. With `mosaic_one_launch_shares_wave` the pools share one wave's programs: each pool's
+  # grid is sized for `mosaic_programs_per_multiprocessor` / pools programs an SM (`mosaic_launch_config`). At batch 8
+  # x 32k (mix; 32 pairs) the INT2 and INT4 pools' launches were a wave of 128 CTAs each, ~1k keys a program, each
+  # launch with its own fill and drain. H100, GPU span of a layer's call, serial graph (`results/s52_*_h100.md`):
+  # 32k 87.2 / 87.6 / 86.8 µs against 94.7 / 94.6 / 93.6 with a launch a pool (2.18 TB/s, 73 % of the copy, against
+  # 2.01), 16k 54.2 against 61.3; under the concurrent graph 102.2 / 101.8 / 102.4 against 102.5 / 99.0 / 106.9, and
+  # 71.3 against 75.4 at 16k. One launch without the shared wave (256 CTAs, two waves): 93.1 / 91.9. At 128 and 240
+  # pairs (32 x 19,968, 60 x 32k; each program thousands of keys) one launch is no faster: 182.2-184.8 µs against
+  # 184.1, 519.3-522.7 against 513.7.
+  mosaic_one_launch: bool | None = None
+  mosaic_one_launch_below_pairs: int = 64
+  mosaic_one_launch_shares_wave: bool = True
 
 
 # The Mosaic INT2 launch with its key minimums' biases computed in the kernel, not by an XLA einsum over the
@@ -444,8 +453,10 @@ MOSAIC_FACTORED = default_with(dict(narrow_scores=False, factored_keys=True))
 # (s46) The default with the Mosaic launches' partials 16 columns wide, 8 of them empty, as they were until s46 (the
 # eight-column softmax's outputs are 8 since): the comparison in one run (`kernel_experiments.sh narrow_out`)
 MOSAIC_WIDE_OUTPUT = default_with(dict(sixteen_columns_out=True))
-# (s52) The default with a layer's Mosaic pools in one launch (`mosaic_one_launch`; untimed)
-MOSAIC_ONE_LAUNCH = default_with({}, mosaic_one_launch=True)
+# (s52) The default with a layer's Mosaic pools in one launch at every batch, each pool's grid as alone (256 CTAs at
+# batch 8 x 32k: `decode_attention.py`'s "mosaic_one_launch"); and with a launch a pool at every batch, as until s52
+MOSAIC_ONE_LAUNCH = default_with({}, mosaic_one_launch=True, mosaic_one_launch_shares_wave=False)
+MOSAIC_SEPARATE_LAUNCHES = default_with({}, mosaic_one_launch=False)
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 39 (MOSAIC_WIDE in s38,
 # MOSAIC_FOUR_SPLITS in s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before
 # it MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
@@ -993,13 +1004,9 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
         q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
     if config.triton_first:  # the Mosaic launches start once the Triton launch has written its partials
       qg, triton_sets = lax.optimization_barrier((qg, triton_sets))
-    plans = [_mosaic_pool_plan(qg, k_pools[i], v_pools[i], offsets[i], counts[i], windows=pool_tokens[i] // window_size,
-                               config=config, q_scale=q_scale, interpret=interpret) for i in mosaic]
-    if config.mosaic_one_launch and len(plans) > 1 and mosaic_int2.can_launch_together(plans):
-      partials = mosaic_int2.launch_together(plans)
-    else:
-      partials = [mosaic_int2.launch(plan) for plan in plans]
-    b, kh = qg.shape[:2]
+    partials = mosaic_launches(lambda c: [
+        _mosaic_pool_plan(qg, k_pools[i], v_pools[i], offsets[i], counts[i], windows=pool_tokens[i] // window_size,
+                          config=c, q_scale=q_scale, interpret=interpret) for i in mosaic], config, b * kh, len(mosaic))
     return [*triton_sets, *[mosaic_set(*p, b, kh) for p in partials]], config
   int4 = [i for i in present if k_pools[i].bits == 4]
   if int4 and int4_launch_pays(config, b * kh * sum(pool_tokens[i] for i in int4)):
@@ -1096,6 +1103,32 @@ def _mosaic_pool_plan(qg, kp: PoolArrays, vp: PoolArrays, first, count, *, windo
       q, flat(kp.data), flat(kp.scale), flat(kp.minimum), flat(vp.data), flat(vp.scale), flat(vp.minimum),
       first, count, windows=windows, splits=splits,
       interpret=mosaic_int2.interpret_params() if interpret else None, **options)
+
+
+def mosaic_launch_config(config: DecodeConfig, pairs: int, pools: int) -> tuple[bool, DecodeConfig]:
+  """Whether a layer's `pools` Mosaic pools at `pairs` (request, KV head) pairs go in one launch
+  (`DecodeConfig.mosaic_one_launch`), and the configuration their plans take: with `mosaic_one_launch_shares_wave`,
+  `mosaic_programs_per_multiprocessor` shared between the pools."""
+  together = config.mosaic_one_launch
+  if together is None:
+    together = pairs < config.mosaic_one_launch_below_pairs
+  if not (together and pools > 1):
+    return False, config
+  if config.mosaic_one_launch_shares_wave:
+    config = dataclasses.replace(config, mosaic_programs_per_multiprocessor=max(
+        1, config.mosaic_programs_per_multiprocessor // pools))
+  return True, config
+
+
+def mosaic_launches(plans_of, config: DecodeConfig, pairs: int, pools: int) -> list:
+  """The partials (o_t, m, l) of a layer's Mosaic pools, `plans_of(config)` their `mosaic_int2.KernelPlan`s: in one
+  launch where `mosaic_launch_config` says so and the plans can share it, else a launch each, as configured."""
+  together, shared = mosaic_launch_config(config, pairs, pools)
+  if together:
+    plans = plans_of(shared)
+    if mosaic_int2.can_launch_together(plans):
+      return mosaic_int2.launch_together(plans)
+  return [mosaic_int2.launch(plan) for plan in plans_of(config)]
 
 
 def mosaic_plan(pairs: int, windows: int, bits: int, config: DecodeConfig, kivi: bool = False) -> tuple[int, dict]:

@@ -211,7 +211,8 @@ def test_ablation_c_through_both_kernels(interpret, mosaic, variant, monkeypatch
   """Ablation C's layer (`interleaved_decode`): the formats in `mosaic` through the Mosaic kernel's paged reading,
   the others and the rest through the Triton kernel (interpret modes), the sets merged by the combine, against
   float64 attention over every window in original order and the rest; with a variant's Mosaic configuration
-  (s46: 16-column partials, as until then; with it, s52's formats in one launch, `mosaic_one_launch`)."""
+  (s46: 16-column partials, as until then; with it, the formats in one launch at every batch). Since s52 both
+  formats go in one launch below 64 pairs (`mosaic_one_launch`)."""
   from pallas_kernels import interleaved_decode as paged
   from pallas_kernels import quantized_decode as qd
   layer, q, k, v, valid = c_layer(19, 2, 2, 7, [2, 16, 4, 2, 2, 4, 16, 2, 4, 2, 2])
@@ -220,7 +221,7 @@ def test_ablation_c_through_both_kernels(interpret, mosaic, variant, monkeypatch
   monkeypatch.setattr(mi, "launch_together", lambda plans, _launch=mi.launch_together: (
       together.append(len(plans)), _launch(plans))[1])
   out = np.asarray(paged.interleaved_decode(q, layer, interpret=True, mosaic=mosaic, mosaic_config=config))
-  assert together == ([2] if variant else [])
+  assert together == ([2] if len(mosaic) == 2 else [])  # the default too since s52: 4 pairs, below 64
   logits = np.where(valid[:, None, None], np.einsum("bkgh,bkth->bkgt", q.astype(np.float64), k), -np.inf)
   p = np.exp(logits - logits.max(axis=-1, keepdims=True))
   want = np.einsum("bkgt,bkth->bkgh", p / p.sum(axis=-1, keepdims=True), v)
@@ -994,12 +995,13 @@ def test_bad_shapes_are_refused():
 # values_after, ftz, ftz_block2 (merged's) and lean_eight (vregs_int4's, but for KIVI's pools, which are not here))
 @pytest.mark.parametrize("variant", ["default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "int2_int4",
                                      "merged", "vregs_int4", "two_splits", "paired", "narrow", "wide", "two_warpgroups",
-                                     "triton_first", "wide_output", "factored", "one_launch"])
+                                     "triton_first", "wide_output", "factored", "one_launch", "separate"])
 def test_as_the_int2_phase_of_quantized_decode(interpret, variant, monkeypatch):
   """`DecodeConfig(int2_mosaic=True)`: the INT2 pool through this kernel, the 16-bit and INT4 pools and the
   rest through the Triton kernel, merged by the combine; layer ranges at odd windows, below the bound.
-  `int2_int4`: the INT4 pool through this kernel too, in a launch of its own; `one_launch` (s52): the INT2 and
-  INT4 pools in one launch (`mosaic_int2.launch_together`)."""
+  `int2_int4`: the INT4 pool through this kernel too. Since s52 a layer's Mosaic pools below 64 pairs go in one
+  launch (`mosaic_int2.launch_together`, each pool's grid its share of a wave); `one_launch` at every batch with each
+  pool's grid as alone; `separate` a launch a pool."""
   import jax
   import jax.numpy as jnp
 
@@ -1030,7 +1032,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant, monkeypatch):
                 int2_int4=qd.MOSAIC_INT2_INT4, merged=qd.MOSAIC_FOUR_WARPGROUPS_MERGED,  # the combine in one launch
                 vregs_int4=qd.MOSAIC_FOUR_WARPGROUPS_VREGS_INT4,
                 # one SM of 4 programs: its 4 pairs take 2 splits, two pairs a CTA
-                two_splits=dataclasses.replace(qd.MOSAIC_DEFAULT, multiprocessors=1),
+                two_splits=dataclasses.replace(qd.MOSAIC_DEFAULT, multiprocessors=1, mosaic_one_launch=False),
                 paired=qd.MOSAIC_PAIRED,  # INT2's blocks of two steps, INT4's a step
                 narrow=qd.MOSAIC_DEFAULT, wide=qd.MOSAIC_WIDE,  # INT2's wgmmas 8 wide (s39), 16
                 two_warpgroups=qd.MOSAIC_TWO_WARPGROUPS,  # CTAs of two warpgroups (s43)
@@ -1038,7 +1040,7 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant, monkeypatch):
                 triton_first=qd.DecodeConfig(int2_mosaic=True, triton_first=True),
                 wide_output=qd.MOSAIC_WIDE_OUTPUT,  # s45's 16-column partials, 8 empty (s46)
                 factored=qd.MOSAIC_FACTORED,  # INT2 windows' keys factored (s49)
-                one_launch=qd.MOSAIC_ONE_LAUNCH)[variant]
+                one_launch=qd.MOSAIC_ONE_LAUNCH, separate=qd.MOSAIC_SEPARATE_LAUNCHES)[variant]
   together = []  # the plans of each launch_together
   monkeypatch.setattr(mi, "launch_together", lambda plans, _launch=mi.launch_together: (
       together.append(len(plans)), _launch(plans))[1])
@@ -1054,7 +1056,10 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant, monkeypatch):
   want = qd.reference(qg * h ** -0.5, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len,
                       window_size=window)
   np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=3e-3, rtol=0)
-  assert set(together) == ({2} if variant == "one_launch" else set())  # (traced twice: make_jaxpr, then run)
+  fused = config.int4_mosaic and config.mosaic_one_launch is not False  # 4 pairs: below 64
+  assert set(together) == ({2} if fused else set())  # (traced twice: make_jaxpr, then run)
+  assert fused == (variant not in ("default", "bias_in_kernel", "four_warpgroups", "dequantize_keys", "merged",
+                                   "triton_first", "two_splits", "separate"))
   if variant not in ("default", "int2_int4"):  # the views run the kernels again (CI time): one and two launches
     return
   # partial_softmaxes (the benchmarks' view): both launches' partials in one array, for combine_splits

@@ -363,6 +363,22 @@ def test_combine_kernel_matches_combine_splits(parts, group, blocks):
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+def test_mosaic_pools_share_one_launch_below_64_pairs():
+  """(s52) `mosaic_launch_config`: a layer's Mosaic pools in one launch below `mosaic_one_launch_below_pairs` (64),
+  each pool's grid its share of a wave (batch 8 x 32k: 8 splits a pair, not 16: 64 CTAs a pool, 128 in all); a
+  launch each at 128 pairs or for one pool; forced either way by `mosaic_one_launch`."""
+  config = qd.large_batch(qd.DecodeConfig(multiprocessors=132))
+  together, shared = qd.mosaic_launch_config(config, 32, 2)
+  assert together and shared.mosaic_programs_per_multiprocessor == config.mosaic_programs_per_multiprocessor // 2
+  assert qd.mosaic_plan(32, 512, 2, config)[0] == 16 and qd.mosaic_plan(32, 512, 2, shared)[0] == 8
+  assert qd.mosaic_launch_config(config, 128, 2) == (False, config)
+  assert qd.mosaic_launch_config(config, 32, 1) == (False, config)
+  never = dataclasses.replace(config, mosaic_one_launch=False)
+  assert qd.mosaic_launch_config(never, 32, 2) == (False, never)
+  always = dataclasses.replace(config, mosaic_one_launch=True, mosaic_one_launch_shares_wave=False)
+  assert qd.mosaic_launch_config(always, 240, 2) == (True, always)
+
+
 def test_combine_channel_blocks_fill_the_device():
   """~8 one-warp programs an SM (132 here), 4 channels a block at least."""
   cfg = qd.DecodeConfig(multiprocessors=132)
