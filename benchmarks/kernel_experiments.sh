@@ -631,9 +631,19 @@ case "${1:-}" in
     XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 timeout ${STEP_S:-280} python -m benchmarks.decode_throughput --settings 32x100 \
       --attention pallas pallas:mosaic_one_launch --methods ${STEP_METHODS:-windowquant fp16} --out "$out" \
       --budget-s $(( ${STEP_S:-280} - 30 )) --tag ${tag}_one_launch_step || echo "(stopped: step_s52)" ;;
-  h200_s52)  # (s52, an H200, ~9 min) `h200_s50` (the bars' rows), then `b8_s52`
+  bars_serial_s52)  # (s52, ~2 min) issue 5's 32k rows (mix, batch 8 and 60) under XLA's serial graph, then batch 8 x
+                    # 32k serially: a launch a Mosaic pool (`mosaic_separate`) against the default (one launch below
+                    # 64 pairs). s52, H100: batch 8's span 90.4 µs, 72 % of the copy (`results/s52_bars_serial_h100.md`);
+                    # 95.1 against 87.2 (`results/s52_b8_default_serial_h100.md`)
+    timeout 100 python benchmarks/decode_attention.py --tokens 32768 --plans mix --inner 1 --gpu-time --out "$out" \
+      --batches 8,60 --back-to-back 32 --tag ${tag}_bars_serial || echo "(stopped: bars_serial_s52)"
+    timeout 90 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
+      --variants mosaic_separate,mosaic_default --inner 1 --back-to-back 64 --gpu-time --out "$out" \
+      --tag ${tag}_b8_default_serial || echo "(stopped: bars_serial_s52, variants)" ;;
+  h200_s52)  # (s52, an H200, ~8 min) `h200_s50` (the bars' rows under the concurrent graph, issue 6's 32 x 100 row),
+             # then `bars_serial_s52`
     "$0" h200_s50 || echo "(stopped: h200_s52, h200_s50)"
-    "$0" b8_s52 || echo "(stopped: h200_s52, b8_s52)" ;;
+    "$0" bars_serial_s52 || echo "(stopped: h200_s52, bars_serial_s52)" ;;
   half_wg5)  # (s48) on half the SMs (batch 16: 64 CTAs) and the full machine, 19,200 tokens (a multiple of 4 and 5
              # steps): the default (4 warpgroups a CTA, 4 splits) against five warpgroups (5 splits)
     timeout 150 python -m benchmarks.mosaic_int2_bench --tokens 19200 --splits 4 --out "$out" --batches 16 32 \
@@ -704,6 +714,7 @@ case "${1:-}" in
      echo "steps_s39 c_long c_short c_mosaic h200_s42 b8_s43 b8_default cublas triton_first depth depth_step" >&2
      echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps prefolded h200_s47" >&2
      echo "half_machine half_metadata half_interleaved half_vldsm vldsm_default h200_s48 half_wg5 half_paired h200_s48_min" >&2
-     echo "h200_short kivi_check h200_s47 b8_s52 sizes_s52 step_s52 h200_s52" >&2
+     echo "h200_short kivi_check h200_s47 b8_s52 sizes_s52 step_s52 bars_serial_s52" >&2
+     echo "h200_s52" >&2
      exit 2 ;;
 esac

@@ -50,7 +50,8 @@ too (magic exponents under 2^(10 - 4p), V^T in registers from a token's two code
 
 A launch is a `KernelPlan` (`kernel_plan`): its body, operands, grid and shared memory. `int2_decode` launches one;
 `launch_together` (s52) launches several pools' in one grid, each CTA its own pool's body and shared memory, so that
-a layer's INT2 and INT4 pools cost one launch's fill and drain (`DecodeConfig.mosaic_one_launch`; untimed).
+a layer's INT2 and INT4 pools cost one launch's fill and drain (`quantized_decode.mosaic_launch_config`: below 64
+pairs since s52, the pools' grids sharing a wave; batch 8 x 32k 87 µs of GPU span against 94 on an H100).
 """
 from __future__ import annotations
 
