@@ -153,10 +153,11 @@ def lowered_modules(options: dict, shapes: list, splits: int, keep, bits: int = 
   return kept
 
 
-def together_modules(pools: list[tuple[int, int]], batch: int, keep) -> list:
+def together_modules(pools: list[tuple[int, int]], batch: int, keep, paged: bool = False) -> list:
   """(s52) `keep(...)` as `lowered_modules` gives it, for one launch (`mosaic_int2.launch_together`) of a layer's
   pools of (bits, tokens) at `batch` pairs, each with the splits and options the default's large-batch
-  configuration gives it (`quantized_decode.mosaic_plan`)."""
+  configuration gives it (`quantized_decode.mosaic_plan`); `paged`: ablation C's formats through one page table
+  (heaps sized for the widest format's records)."""
   import jax
   from jax.experimental.mosaic.gpu import core
 
@@ -168,11 +169,20 @@ def together_modules(pools: list[tuple[int, int]], batch: int, keep) -> list:
     plans = []
     for i, (bits, tokens) in enumerate(pools):
       windows = tokens // mi.WINDOW
+      if paged:  # one heap and page table: the formats' entries one after another
+        pages = arrays[3].shape[0]
+        splits, options = qd.mosaic_plan(batch, pages, bits, config)
+        first = sum(t // mi.WINDOW for _, t in pools[:i])
+        plans.append(mi.paged_plan(*arrays, first, windows, bits=bits, splits=splits, **options))
+        continue
       splits, options = qd.mosaic_plan(batch, windows, bits, config)
       q, *pool = arrays[7 * i:7 * i + 7]
       plans.append(mi.range_plan(q, *pool, 0, windows, windows=windows, splits=splits, **options))
     return mi.launch_together(plans)
-  shapes = [x for bits, tokens in pools for x in pool_shapes(batch, tokens, bits)]
+  if paged:
+    shapes = paged_shapes(batch, sum(tokens for _, tokens in pools), max(bits for bits, _ in pools))
+  else:
+    shapes = [x for bits, tokens in pools for x in pool_shapes(batch, tokens, bits)]
   kept = []
   serde = core._run_serde_pass
 
@@ -197,14 +207,14 @@ def _bytecode(module, serialized, serialize):  # only the serializing pass's out
 
 
 def serialized_module(variant: str, batch: int, tokens: int, splits: int, overrides: dict | None = None,
-                      bits: int = 2, together: list[tuple[int, int]] | None = None) -> bytes:
+                      bits: int = 2, together: list[tuple[int, int]] | None = None, paged: bool = False) -> bytes:
   """The variant's Mosaic module as the custom call carries it (bytecode after Mosaic's serialization pass),
   for `batch` (request, KV head) pairs x a pool of `tokens` INT2 (or `bits`) codes, with `overrides` of its
   options; with `together`, (bits, tokens) pools in one launch as the default configures them (`variant` a name)."""
   from pallas_kernels import mosaic_int2 as mi
 
   if together:
-    return [m for m in together_modules(together, batch, _bytecode) if m is not None][-1]
+    return [m for m in together_modules(together, batch, _bytecode, paged) if m is not None][-1]
   options = dict(mi.VARIANTS[variant], **(overrides or {}))
   if options.get("paged"):
     shapes = paged_shapes(batch, tokens, bits)
@@ -216,7 +226,7 @@ def serialized_module(variant: str, batch: int, tokens: int, splits: int, overri
 def _compile_in_this_process(args) -> None:
   """The child's part: lower, then run the plugin's compiler, which dumps into MOSAIC_GPU_DUMP_TO."""
   module = serialized_module(args.variant, args.batch, args.tokens, args.splits, json.loads(args.overrides),
-                             args.bits, _pools(args.together))
+                             args.bits, _pools(args.together), args.paged)
   compile_module = ctypes.CDLL(args.plugin).MosaicGpuCompile
   compile_module.argtypes = [ctypes.c_char_p, ctypes.c_int]
   compile_module.restype = ctypes.c_void_p
@@ -229,7 +239,8 @@ def _pools(together: list[str] | None) -> list[tuple[int, int]] | None:
 
 
 def compile_variant(variant: str, out: Path, *, batch: int, tokens: int, splits: int, plugin: Path,
-                    cache: Path, overrides: str = "{}", bits: int = 2, together: list[str] | None = None) -> Path:
+                    cache: Path, overrides: str = "{}", bits: int = 2, together: list[str] | None = None,
+                    paged: bool = False) -> Path:
   """Dumps the variant's PTX and ptxas report under `out/variant`; returns the PTX's path."""
   dump = out / variant
   dump.mkdir(parents=True, exist_ok=True)
@@ -239,7 +250,7 @@ def compile_variant(variant: str, out: Path, *, batch: int, tokens: int, splits:
              MOSAIC_GPU_DUMP_TO=str(dump), MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1")
   command = [sys.executable, __file__, "--child", "--variant", variant, "--batch", str(batch), "--tokens",
              str(tokens), "--splits", str(splits), "--plugin", str(plugin), "--overrides", overrides,
-             "--bits", str(bits), *(["--together", *together] if together else [])]
+             "--bits", str(bits), *(["--together", *together] if together else []), *(["--paged"] if paged else [])]
   log = subprocess.run(command, env=env, capture_output=True, text=True)
   ptx = sorted(dump.glob("*.ptx"))
   if not ptx:
@@ -294,6 +305,7 @@ def main(argv=None):
   ap.add_argument("--overrides", default="{}", help='options set on every variant, as JSON: \'{"stages": 3}\'')
   ap.add_argument("--together", nargs="+", help="(s52) pools as bits:tokens in one launch (`launch_together`), "
                   "each as the default's large-batch configuration takes it; --variants then names the result")
+  ap.add_argument("--paged", action="store_true", help="with --together: ablation C's formats through one page table")
   ap.add_argument("--plugin", help="xla_cuda_plugin.so of jax-cuda12-pjrt (fetched into --cache if not given)")
   ap.add_argument("--cache", default=os.path.expanduser("~/.cache/wq_mosaic_sass"))
   ap.add_argument("--out", default="/tmp/mosaic_sass")
@@ -311,7 +323,8 @@ def main(argv=None):
   rows = []
   for variant in args.variants:
     ptx = compile_variant(variant, out, batch=args.batch, tokens=args.tokens, splits=args.splits, plugin=plugin,
-                          cache=cache, overrides=args.overrides, bits=args.bits, together=args.together)
+                          cache=cache, overrides=args.overrides, bits=args.bits, together=args.together,
+                          paged=args.paged)
     rows.append(summarize(variant, ptx, out))
     loops = ", ".join(str(loop["instructions"]) for loop in rows[-1]["loops"][:4])
     print(f"{variant}: {rows[-1]['report']}; loops {loops}", flush=True)

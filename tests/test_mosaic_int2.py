@@ -1277,7 +1277,7 @@ def test_pools_launched_together_give_what_their_own_launches_give(interpret):
 
 def test_pools_launched_together_lower_for_cuda():
   """`launch_together`'s compiled path (inline PTX, register operands) lowers for CUDA: batch 8's INT2 and INT4 pools
-  as the default configures them, one custom call, a grid of both pools' CTAs."""
+  as the default configures them, one custom call, a grid of both pools' CTAs; ablation C's paged launches alike."""
   import jax
 
   from pallas_kernels import quantized_decode as qd
@@ -1299,3 +1299,17 @@ def test_pools_launched_together_lower_for_cuda():
   text = jax.jit(launch).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
   calls = [line for line in text.splitlines() if "custom_call" in line and "mosaic_gpu" in line]
   assert len(calls) == 1 and ctas == [2 * 32 * 8 // 4]  # 8 splits a pool's pair, 4 a CTA
+  # ablation C's INT2 and INT4 windows through one page table (`interleaved_decode`'s launch below 64 pairs)
+  plan = [2, 16, 4, 2, 2, 4, 16, 2, 4, 2, 2] * 4
+  (q, k_heap, v_heap, table, _, _), _ = paged_case(0, 32, plan, 7, 2)
+  shapes = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k_heap, v_heap, table)]
+
+  def paged(q, k_heap, v_heap, table):
+    plans = []
+    for bits, first in ((4, plan.count(16)), (2, plan.count(16) + plan.count(4))):
+      splits, options = qd.mosaic_plan(32, len(plan), bits, config)
+      plans.append(mi.paged_plan(q, k_heap, v_heap, table, first, plan.count(bits), bits=bits, splits=splits,
+                                 **options))
+    return mi.launch_together(plans)
+  text = jax.jit(paged).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+  assert len([line for line in text.splitlines() if "custom_call" in line and "mosaic_gpu" in line]) == 1
