@@ -127,17 +127,8 @@ def lowered_modules(options: dict, shapes: list, splits: int, keep, bits: int = 
   given, which it leaves as it was, and the one it returns) while `pool_partials` with `options` is lowered for
   CUDA on this machine."""
   import jax
-  from jax.experimental.mosaic.gpu import core
 
   from pallas_kernels import mosaic_int2 as mi
-  kept = []
-  serde = core._run_serde_pass
-
-  def spy(module, *, serialize, ir_version=None):
-    out = serde(module, serialize=serialize, ir_version=ir_version)
-    kept.append(keep(module, out, serialize))
-    return out
-
   options = dict(options)
   if options.pop("paged", False):  # ablation C's heaps (`paged_shapes`): a layer's records through its page table
     windows = shapes[3].shape[0]
@@ -145,6 +136,20 @@ def lowered_modules(options: dict, shapes: list, splits: int, keep, bits: int = 
         q, k_heap, v_heap, table, 0, windows, bits=bits, splits=splits, **options))
   else:
     fn = jax.jit(lambda q, *pool: mi.pool_partials(q, *pool, splits=splits, **options))
+  return _spied_lowering(fn, shapes, keep)
+
+
+def _spied_lowering(fn, shapes: list, keep) -> list:
+  """`keep(module, serialized, serialize)` of each call of Mosaic's serde pass while jitted `fn` is lowered for
+  CUDA on `shapes`."""
+  from jax.experimental.mosaic.gpu import core
+  kept = []
+  serde = core._run_serde_pass
+
+  def spy(module, *, serialize, ir_version=None):
+    out = serde(module, serialize=serialize, ir_version=ir_version)
+    kept.append(keep(module, out, serialize))
+    return out
   core._run_serde_pass = spy
   try:
     fn.trace(*shapes).lower(lowering_platforms=("cuda",))
@@ -159,7 +164,6 @@ def together_modules(pools: list[tuple[int, int]], batch: int, keep, paged: bool
   configuration gives it (`quantized_decode.mosaic_plan`); `paged`: ablation C's formats through one page table
   (heaps sized for the widest format's records)."""
   import jax
-  from jax.experimental.mosaic.gpu import core
 
   from pallas_kernels import mosaic_int2 as mi
   from pallas_kernels import quantized_decode as qd
@@ -183,19 +187,7 @@ def together_modules(pools: list[tuple[int, int]], batch: int, keep, paged: bool
     shapes = paged_shapes(batch, sum(tokens for _, tokens in pools), max(bits for bits, _ in pools))
   else:
     shapes = [x for bits, tokens in pools for x in pool_shapes(batch, tokens, bits)]
-  kept = []
-  serde = core._run_serde_pass
-
-  def spy(module, *, serialize, ir_version=None):
-    out = serde(module, serialize=serialize, ir_version=ir_version)
-    kept.append(keep(module, out, serialize))
-    return out
-  core._run_serde_pass = spy
-  try:
-    jax.jit(launch).trace(*shapes).lower(lowering_platforms=("cuda",))
-  finally:
-    core._run_serde_pass = serde
-  return kept
+  return _spied_lowering(jax.jit(launch), shapes, keep)
 
 
 def _bytecode(module, serialized, serialize):  # only the serializing pass's output goes to the custom call
