@@ -1249,7 +1249,8 @@ def _f16_bits(x: float) -> int:
 class KernelPlan:
   """One launch's kernel as `kernel_plan` builds it: `body(pair, split, *inputs, *outputs, *scratch)`, the
   operands it is called on, its outputs (o_t, m, l), its grid of CTAs (pairs, splits), the shared memory and
-  barriers it allocates (`scratch`), its warpgroups a CTA and compiler parameters."""
+  barriers it allocates (`scratch`), its warpgroups a CTA, compiler parameters and interpret mode (the body was
+  built for it)."""
   body: Callable
   operands: tuple
   out_type: tuple

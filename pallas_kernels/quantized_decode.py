@@ -972,8 +972,8 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
                           interpret: bool = False) -> tuple[list[tuple[jax.Array, jax.Array, jax.Array]],
                                                              DecodeConfig]:
   """`partial_softmaxes` as a list of sets: the Triton launches' (a set each, Gp rows: the INT4 pools' launch
-  apart where it pays), then each Mosaic launch's where it serves a pool (its own 8 rows, o heads last: see
-  `_rows_first`); and `config` as this launch took it (`for_launch`'s where a Mosaic launch is made, else the
+  apart where it pays), then a set a pool the Mosaic kernel serves (its own 8 rows, o heads last: see
+  `_rows_first`; the pools in one launch or a launch each: `mosaic_launches`); and `config` as this launch took it (`for_launch`'s where a Mosaic launch is made, else the
   caller's)."""
   b, kh, g, h = qg.shape
   gp = max(16, 1 << (g - 1).bit_length())
