@@ -640,6 +640,19 @@ case "${1:-}" in
     timeout 90 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
       --variants mosaic_separate,mosaic_default --inner 1 --back-to-back 64 --gpu-time --out "$out" \
       --tag ${tag}_b8_default_serial || echo "(stopped: bars_serial_s52, variants)" ;;
+  between_s53)  # (s53, ~3 min) the pairs s52's rule fuses untimed: batch 12 (48 pairs) and 16 (64, the first left
+                # alone) x 32k, mix, serial graph: a launch a pool, the default, one launch at every batch
+    for b in 12 16; do
+      timeout 80 python benchmarks/decode_attention.py --variant-shape $b,32768 --variant-plans mix --no-sweep \
+        --variants mosaic_separate,mosaic_default,mosaic_one_launch --inner 1 --back-to-back 64 --gpu-time \
+        --out "$out" --tag ${tag}_between_b$b || echo "(stopped: between_s53 b$b)"
+    done ;;
+  first_s53)  # (s53) by the card: an H200 runs `h200_s52`; an H100 runs `between_s53`
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
+      "$0" h200_s52 || echo "(stopped: first_s53, h200_s52)"
+    else
+      "$0" between_s53 || echo "(stopped: first_s53, between_s53)"
+    fi ;;
   h200_s52)  # (s52, an H200, ~8 min) `h200_s50` (the bars' rows under the concurrent graph, issue 6's 32 x 100 row),
              # then `bars_serial_s52`
     "$0" h200_s50 || echo "(stopped: h200_s52, h200_s50)"
@@ -715,6 +728,6 @@ case "${1:-}" in
      echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps prefolded h200_s47" >&2
      echo "half_machine half_metadata half_interleaved half_vldsm vldsm_default h200_s48 half_wg5 half_paired h200_s48_min" >&2
      echo "h200_short kivi_check h200_s47 b8_s52 sizes_s52 step_s52 bars_serial_s52" >&2
-     echo "h200_s52" >&2
+     echo "h200_s52 between_s53 first_s53" >&2
      exit 2 ;;
 esac
