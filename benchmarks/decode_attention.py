@@ -556,6 +556,13 @@ VARIANTS = {
     # 86.8-87.6 µs against 93.6-94.7 with a launch a pool (`results/s52_*_h100.md`, where "mosaic_default" was that)
     "mosaic_one_launch_p2": dataclasses.replace(qd.MOSAIC_ONE_LAUNCH, mosaic_programs_per_multiprocessor=2),
     "mosaic_separate": qd.MOSAIC_SEPARATE_LAUNCHES,  # a launch a Mosaic pool, as until s52
+    # s53: the 16-bit windows and the rest in the Mosaic launch too (`mosaic_dense`), no Triton launch: their CTAs
+    # (a quarter of the SMs; 3/8, a half) stream beside the quantized ones; two programs of two K/V slots a CTA, or
+    # four of one (`w4`), or two of three (`s3`)
+    "mosaic_dense": qd.MOSAIC_DENSE,
+    **{f"mosaic_dense_{name}": dataclasses.replace(qd.MOSAIC_DENSE, **fields) for name, fields in (
+        ("q3", dict(mosaic_dense_share=0.375)), ("half", dict(mosaic_dense_share=0.5)),
+        ("w4", dict(mosaic_dense_working=4, mosaic_dense_stages=1)), ("s3", dict(mosaic_dense_stages=3)))},
     # s33: a program a phase at any grid size (by default only where that fits two waves), so that the 16-bit
     # phase's memory-bound programs and the INT2 phase's instruction-bound ones share the SMs at batch 8 x 32k
     "parallel_phases": qd.DecodeConfig(parallel_phases=True),

@@ -647,12 +647,22 @@ case "${1:-}" in
         --variants mosaic_separate,mosaic_default,mosaic_one_launch --inner 1 --back-to-back 64 --gpu-time \
         --out "$out" --tag ${tag}_between_b$b || echo "(stopped: between_s53 b$b)"
     done ;;
-  first_s53)  # (s53) by the card: an H200 runs `h200_s52`; an H100 runs `between_s53`
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-      "$0" h200_s52 || echo "(stopped: first_s53, h200_s52)"
-    else
-      "$0" between_s53 || echo "(stopped: first_s53, between_s53)"
-    fi ;;
+  dense_s53)  # (s53, ~4 min) batch 8 x 32k and 16k, mix, by GPU span: the default (the 16-bit segments in a Triton launch
+             # after the Mosaic one) against `mosaic_dense` (them in the Mosaic launch) by its share of the SMs (a
+             # quarter, 3/8, a half) and CTA shape (w4: four programs of one slot; s3: two of three), each checked
+             # against the XLA path first; serial graph, then 32k under the concurrent graph
+    v=mosaic_default,mosaic_dense,mosaic_dense_q3,mosaic_dense_half,mosaic_dense_w4,mosaic_dense_s3
+    for t in 32768 16384; do
+      timeout 100 python benchmarks/decode_attention.py --variant-shape 8,$t --variant-plans mix --no-sweep \
+        --variants $v --inner 1 --back-to-back 64 --gpu-time --out "$out" --tag ${tag}_dense_b8_t$t \
+        || echo "(stopped: dense_s53 $t)"
+    done
+    timeout 100 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
+      --variants $v --inner 1 --back-to-back 64 --gpu-time --out "$out" --tag ${tag}_dense_b8_concurrent \
+      --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: dense_s53 c)" ;;
+  first_s53)  # (s53) `dense_s53`, then on an H100 `between_s53` (an H200 runs `h200_s52` in a call of its own)
+    "$0" dense_s53 || echo "(stopped: first_s53, dense_s53)"
+    nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || "$0" between_s53 ;;
   h200_s52)  # (s52, an H200, ~8 min) `h200_s50` (the bars' rows under the concurrent graph, issue 6's 32 x 100 row),
              # then `bars_serial_s52`
     "$0" h200_s50 || echo "(stopped: h200_s52, h200_s50)"
@@ -728,6 +738,6 @@ case "${1:-}" in
      echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps prefolded h200_s47" >&2
      echo "half_machine half_metadata half_interleaved half_vldsm vldsm_default h200_s48 half_wg5 half_paired h200_s48_min" >&2
      echo "h200_short kivi_check h200_s47 b8_s52 sizes_s52 step_s52 bars_serial_s52" >&2
-     echo "h200_s52 between_s53 first_s53" >&2
+     echo "h200_s52 between_s53 first_s53 dense_s53" >&2
      exit 2 ;;
 esac

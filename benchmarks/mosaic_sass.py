@@ -158,19 +158,26 @@ def _spied_lowering(fn, shapes: list, keep) -> list:
   return kept
 
 
-def together_modules(pools: list[tuple[int, int]], batch: int, keep, paged: bool = False) -> list:
+def together_modules(pools: list[tuple[int, int]], batch: int, keep, paged: bool = False, dense: int = 0) -> list:
   """(s52) `keep(...)` as `lowered_modules` gives it, for one launch (`mosaic_int2.launch_together`) of a layer's
   pools of (bits, tokens) at `batch` pairs, each with the splits and options the default's large-batch
   configuration gives it (`quantized_decode.mosaic_plan`); `paged`: ablation C's formats through one page table
-  (heaps sized for the widest format's records)."""
+  (heaps sized for the widest format's records); `dense` (s53): `dense` FP16 tokens a pair and an 80-token rest in
+  the same launch (`mosaic_dense`), the pools sharing the SMs it leaves (`quantized_decode.dense_launch_config`)."""
   import jax
+  import jax.numpy as jnp
 
+  from pallas_kernels import mosaic_dense as md
   from pallas_kernels import mosaic_int2 as mi
   from pallas_kernels import quantized_decode as qd
-  config = qd.large_batch(qd.DecodeConfig(multiprocessors=132))
+  config = qd.large_batch(qd.DecodeConfig(multiprocessors=132, mosaic_dense=bool(dense)))
+  if dense:
+    config, dense_splits = qd.dense_launch_config(config, batch, len(pools))
 
   def launch(*arrays):
     plans = []
+    if dense:
+      arrays, (k16, v16, rest_k, rest_v) = arrays[:-4], arrays[-4:]
     for i, (bits, tokens) in enumerate(pools):
       windows = tokens // mi.WINDOW
       if paged:  # one heap and page table: the formats' entries one after another
@@ -182,11 +189,19 @@ def together_modules(pools: list[tuple[int, int]], batch: int, keep, paged: bool
       splits, options = qd.mosaic_plan(batch, windows, bits, config)
       q, *pool = arrays[7 * i:7 * i + 7]
       plans.append(mi.range_plan(q, *pool, 0, windows, windows=windows, splits=splits, **options))
+    if dense:
+      segments = [md.Segment(k16, v16, jnp.arange(batch), jnp.zeros((batch,), jnp.int32), jnp.full((batch,), dense)),
+                  md.Segment(rest_k, rest_v, jnp.arange(batch), jnp.zeros((batch,), jnp.int32),
+                             jnp.full((batch,), 64))]
+      plans.append(qd._dense_plan(arrays[0].reshape(batch, 1, *arrays[0].shape[1:]), segments, splits=dense_splits,
+                                  config=config, q_scale=1.0, interpret=False))
     return mi.launch_together(plans)
   if paged:
     shapes = paged_shapes(batch, sum(tokens for _, tokens in pools), max(bits for bits, _ in pools))
   else:
     shapes = [x for bits, tokens in pools for x in pool_shapes(batch, tokens, bits)]
+  if dense:
+    shapes += [jax.ShapeDtypeStruct((batch, t, mi.HEAD_DIM), jnp.bfloat16) for t in (dense, dense, 80, 80)]
   return _spied_lowering(jax.jit(launch), shapes, keep)
 
 
@@ -199,14 +214,15 @@ def _bytecode(module, serialized, serialize):  # only the serializing pass's out
 
 
 def serialized_module(variant: str, batch: int, tokens: int, splits: int, overrides: dict | None = None,
-                      bits: int = 2, together: list[tuple[int, int]] | None = None, paged: bool = False) -> bytes:
+                      bits: int = 2, together: list[tuple[int, int]] | None = None, paged: bool = False,
+                      dense: int = 0) -> bytes:
   """The variant's Mosaic module as the custom call carries it (bytecode after Mosaic's serialization pass),
   for `batch` (request, KV head) pairs x a pool of `tokens` INT2 (or `bits`) codes, with `overrides` of its
   options; with `together`, (bits, tokens) pools in one launch as the default configures them (`variant` a name)."""
   from pallas_kernels import mosaic_int2 as mi
 
   if together:
-    return [m for m in together_modules(together, batch, _bytecode, paged) if m is not None][-1]
+    return [m for m in together_modules(together, batch, _bytecode, paged, dense) if m is not None][-1]
   options = dict(mi.VARIANTS[variant], **(overrides or {}))
   if options.get("paged"):
     shapes = paged_shapes(batch, tokens, bits)
@@ -218,7 +234,7 @@ def serialized_module(variant: str, batch: int, tokens: int, splits: int, overri
 def _compile_in_this_process(args) -> None:
   """The child's part: lower, then run the plugin's compiler, which dumps into MOSAIC_GPU_DUMP_TO."""
   module = serialized_module(args.variant, args.batch, args.tokens, args.splits, json.loads(args.overrides),
-                             args.bits, _pools(args.together), args.paged)
+                             args.bits, _pools(args.together), args.paged, args.dense)
   compile_module = ctypes.CDLL(args.plugin).MosaicGpuCompile
   compile_module.argtypes = [ctypes.c_char_p, ctypes.c_int]
   compile_module.restype = ctypes.c_void_p
@@ -232,7 +248,7 @@ def _pools(together: list[str] | None) -> list[tuple[int, int]] | None:
 
 def compile_variant(variant: str, out: Path, *, batch: int, tokens: int, splits: int, plugin: Path,
                     cache: Path, overrides: str = "{}", bits: int = 2, together: list[str] | None = None,
-                    paged: bool = False) -> Path:
+                    paged: bool = False, dense: int = 0) -> Path:
   """Dumps the variant's PTX and ptxas report under `out/variant`; returns the PTX's path."""
   dump = out / variant
   dump.mkdir(parents=True, exist_ok=True)
@@ -242,7 +258,8 @@ def compile_variant(variant: str, out: Path, *, batch: int, tokens: int, splits:
              MOSAIC_GPU_DUMP_TO=str(dump), MOSAIC_GPU_DUMP_PTX="1", MOSAIC_GPU_DUMP_PTXAS="1")
   command = [sys.executable, __file__, "--child", "--variant", variant, "--batch", str(batch), "--tokens",
              str(tokens), "--splits", str(splits), "--plugin", str(plugin), "--overrides", overrides,
-             "--bits", str(bits), *(["--together", *together] if together else []), *(["--paged"] if paged else [])]
+             "--bits", str(bits), *(["--together", *together] if together else []), *(["--paged"] if paged else []),
+             "--dense", str(dense)]
   log = subprocess.run(command, env=env, capture_output=True, text=True)
   ptx = sorted(dump.glob("*.ptx"))
   if not ptx:
@@ -298,6 +315,8 @@ def main(argv=None):
   ap.add_argument("--together", nargs="+", help="(s52) pools as bits:tokens in one launch (`launch_together`), "
                   "each as the default's large-batch configuration takes it; --variants then names the result")
   ap.add_argument("--paged", action="store_true", help="with --together: ablation C's formats through one page table")
+  ap.add_argument("--dense", type=int, default=0, help="(s53) with --together: this many FP16 tokens a pair and an "
+                  "80-token rest in the same launch (`mosaic_dense`)")
   ap.add_argument("--plugin", help="xla_cuda_plugin.so of jax-cuda12-pjrt (fetched into --cache if not given)")
   ap.add_argument("--cache", default=os.path.expanduser("~/.cache/wq_mosaic_sass"))
   ap.add_argument("--out", default="/tmp/mosaic_sass")
@@ -316,7 +335,7 @@ def main(argv=None):
   for variant in args.variants:
     ptx = compile_variant(variant, out, batch=args.batch, tokens=args.tokens, splits=args.splits, plugin=plugin,
                           cache=cache, overrides=args.overrides, bits=args.bits, together=args.together,
-                          paged=args.paged)
+                          paged=args.paged, dense=args.dense)
     rows.append(summarize(variant, ptx, out))
     loops = ", ".join(str(loop["instructions"]) for loop in rows[-1]["loops"][:4])
     print(f"{variant}: {rows[-1]['report']}; loops {loops}", flush=True)
@@ -326,7 +345,9 @@ def main(argv=None):
                f"splits, options overridden by {args.overrides}")
     if args.together:
       setting = (f"{args.batch} (request, KV head) pairs; pools (bits:tokens) {' '.join(args.together)} in one launch, "
-                 "each as the default's large-batch configuration takes it")
+                 "each as the default's large-batch configuration takes it"
+                 + (f"; {args.dense} FP16 tokens a pair and an 80-token rest beside them (`mosaic_dense`)"
+                    if args.dense else ""))
     command = meta["command"]
     Path(args.results).mkdir(parents=True, exist_ok=True)
     with open(Path(args.results) / f"{args.tag}.json", "w") as f:

@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from pallas_kernels import mosaic_int2
+from pallas_kernels import mosaic_dense, mosaic_int2
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 from jaxtyping import Array, Float, Int
@@ -234,6 +234,15 @@ class DecodeConfig:
   mosaic_one_launch: bool | None = None
   mosaic_one_launch_below_pairs: int = 64
   mosaic_one_launch_shares_wave: bool = True
+  # (s53) Where a layer's Mosaic pools go in one launch, its 16-bit segments (FP16 windows and the rest) go there
+  # too, as `mosaic_dense.dense_plan`'s CTAs, not as a Triton launch after it: at batch 8 x 32k that launch was ~34
+  # µs of ~87 (H100, s52), streaming memory while the quantized CTAs before it were bound by their SMs' issue.
+  # The dense CTAs take `mosaic_dense_share` of the SMs and the quantized pools share the others' wave; a dense CTA
+  # has `mosaic_dense_working` programs of `mosaic_dense_stages` K/V slots each (`mosaic_dense.smem_bytes`).
+  mosaic_dense: bool = False
+  mosaic_dense_share: float = 0.25
+  mosaic_dense_working: int = 2
+  mosaic_dense_stages: int = 2
 
 
 # The Mosaic INT2 launch with its key minimums' biases computed in the kernel, not by an XLA einsum over the
@@ -457,6 +466,8 @@ MOSAIC_WIDE_OUTPUT = default_with(dict(sixteen_columns_out=True))
 # batch 8 x 32k: `decode_attention.py`'s "mosaic_one_launch"); and with a launch a pool at every batch, as until s52
 MOSAIC_ONE_LAUNCH = default_with({}, mosaic_one_launch=True, mosaic_one_launch_shares_wave=False)
 MOSAIC_SEPARATE_LAUNCHES = default_with({}, mosaic_one_launch=False)
+# (s53) The default with the 16-bit segments in the Mosaic launch (`mosaic_dense`), by the share of SMs they take
+MOSAIC_DENSE = default_with({}, mosaic_dense=True)
 # What the default runs for large launches (`for_launch`): MOSAIC_DEFAULT since session 39 (MOSAIC_WIDE in s38,
 # MOSAIC_FOUR_SPLITS in s37), MOSAIC_LEAN_EIGHT in s32-s36, MOSAIC_LEAN_FOLDED in sessions 30-31 (above), before
 # it MOSAIC_LEAN_ALL (since session 28: the 7B step at 32 x 100 8.52 ms against 8.81 for windowquant, rtn4 9.06
@@ -998,15 +1009,24 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
   if mosaic:  # those pools in Mosaic GPU launches (one each), the others as configured
     others = tuple(None if j in mosaic else p for j, p in enumerate(k_pools))
     triton = dataclasses.replace(config, int2_mosaic=False, int4_mosaic=False, mosaic_min_pairs=None)
+    plans_of = lambda c: [
+        _mosaic_pool_plan(qg, k_pools[i], v_pools[i], offsets[i], counts[i], windows=pool_tokens[i] // window_size,
+                          config=c, q_scale=q_scale, interpret=interpret) for i in mosaic]
+    segments = dense_segments(qg, others, v_pools, offsets, counts, rest_k, rest_v, rest_len, rest_layer,
+                              window_size=window_size) if config.mosaic_dense else None
+    if segments is not None and mosaic_launch_config(config, b * kh, len(mosaic) + 1)[0]:
+      quantized, splits = dense_launch_config(config, b * kh, len(mosaic))
+      plans = [*plans_of(quantized), _dense_plan(qg, segments, splits=splits, config=config, q_scale=q_scale,
+                                                 interpret=interpret)]
+      if mosaic_int2.can_launch_together(plans):
+        return [mosaic_set(*p, b, kh) for p in mosaic_int2.launch_together(plans)], config
     triton_sets, _ = _partial_softmax_sets(
         qg, others, v_pools, offsets, counts, rest_k, rest_v, rest_len, window_size=window_size,
         tokens_hint=tokens_hint - sum(pool_tokens[i] for i in mosaic), pool_tokens=pool_tokens, config=triton,
         q_scale=q_scale, rest_layer=rest_layer, interpret=interpret)
     if config.triton_first:  # the Mosaic launches start once the Triton launch has written its partials
       qg, triton_sets = lax.optimization_barrier((qg, triton_sets))
-    partials = mosaic_launches(lambda c: [
-        _mosaic_pool_plan(qg, k_pools[i], v_pools[i], offsets[i], counts[i], windows=pool_tokens[i] // window_size,
-                          config=c, q_scale=q_scale, interpret=interpret) for i in mosaic], config, b * kh, len(mosaic))
+    partials = mosaic_launches(plans_of, config, b * kh, len(mosaic))
     return [*triton_sets, *[mosaic_set(*p, b, kh) for p in partials]], config
   int4 = [i for i in present if k_pools[i].bits == 4]
   if int4 and int4_launch_pays(config, b * kh * sum(pool_tokens[i] for i in int4)):
@@ -1129,6 +1149,49 @@ def mosaic_launches(plans_of, config: DecodeConfig, pairs: int, pools: int) -> l
     if mosaic_int2.can_launch_together(plans):
       return mosaic_int2.launch_together(plans)
   return [mosaic_int2.launch(plan) for plan in plans_of(config)]
+
+
+def dense_segments(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v, rest_len, rest_layer, *,
+                   window_size: int) -> list[mosaic_dense.Segment] | None:
+  """The layer's 16-bit segments as `mosaic_dense.Segment`s (its FP16 windows' range, then the rest: of layer
+  `rest_layer` where stacked), where `k_pools` (the pools left to Triton) hold nothing else and `dense_plan` takes
+  them; else None (`v_pools` the layer's)."""
+  b, kh, g, h = qg.shape
+  n = b * kh
+  present = [i for i, kp in enumerate(k_pools) if kp is not None and kp.data.shape[2] > 0]
+  if any(k_pools[i].bits != 16 for i in present):
+    return None
+  pairs = jnp.arange(n, dtype=jnp.int32)
+  flat = lambda x: x.reshape(-1, *x.shape[-2:])
+  segments = [mosaic_dense.Segment(flat(k_pools[i].data), flat(v_pools[i].data), pairs,
+                                   offsets[i] * window_size, counts[i] * window_size) for i in present]
+  layer = 0 if rest_layer is None else jnp.asarray(rest_layer, jnp.int32).reshape(())
+  segments.append(mosaic_dense.Segment(flat(rest_k), flat(rest_v), layer * n + pairs, jnp.zeros((n,), jnp.int32),
+                                       jnp.repeat(rest_len.astype(jnp.int32), kh)))
+  return segments if mosaic_dense.serves(segments, g, h) else None
+
+
+def dense_launch_config(config: DecodeConfig, pairs: int, pools: int) -> tuple[DecodeConfig, int]:
+  """The configuration of the quantized pools' plans in a launch beside the 16-bit segments (`mosaic_dense`), and
+  the dense plan's splits: its CTAs take `mosaic_dense_share` of the SMs (a CTA a pair's `mosaic_dense_working`
+  splits, at least one a pair), the pools share the others' wave."""
+  sms = _multiprocessors(config)
+  dense_ctas = max(1, round(sms * config.mosaic_dense_share))
+  rest = dataclasses.replace(config, multiprocessors=max(1, sms - dense_ctas), mosaic_one_launch=True)
+  if pools > 1:
+    _, rest = mosaic_launch_config(rest, pairs, pools)
+  return rest, config.mosaic_dense_working * max(1, dense_ctas // pairs)
+
+
+def _dense_plan(qg, segments, *, splits: int, config: DecodeConfig, q_scale: float, interpret: bool):
+  """`mosaic_dense.dense_plan` over the segments, q scaled as the quantized plans take it."""
+  b, kh, g, h = qg.shape
+  q = qg.reshape(b * kh, g, h).astype(jnp.float32) * (q_scale * _LOG2E)
+  groups = dict(config.mosaic_options).get("warpgroups", 1)
+  return mosaic_dense.dense_plan(q, segments, splits=splits, warpgroups=groups,
+                                 working=min(config.mosaic_dense_working, groups), stages=config.mosaic_dense_stages,
+                                 approx_math=dict(config.mosaic_options).get("approx_math", False),
+                                 interpret=mosaic_int2.interpret_params() if interpret else None)
 
 
 def mosaic_plan(pairs: int, windows: int, bits: int, config: DecodeConfig, kivi: bool = False) -> tuple[int, dict]:
@@ -1379,9 +1442,10 @@ def combine_kernel(sets, group: int, *, channel_blocks: int | None = None, confi
   launch had one program a (request, KV head) merging its parts in a chain (25 µs at batch 8 x 32k on an H100,
   s32).
   The output in `out_dtype`, rounded as it is stored (the model's bf16: no convert kernel after it, s39)."""
-  b, kh, _, _, h = sets[0][0].shape
-  n = b * kh
   heads_last = [o.ndim == 6 for o, _, _ in sets]
+  b, kh = sets[0][0].shape[:2]
+  h = sets[0][0].shape[3 if heads_last[0] else 4]  # heads last: [B, K, J, H, P, 8]
+  n = b * kh
   rows = max(8, 1 << (group - 1).bit_length())
   inputs, kinds = [], []
   for (o, m, l), last in zip(sets, heads_last):

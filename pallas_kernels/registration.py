@@ -67,6 +67,8 @@
                                 does so below 64 (request, KV head) pairs since s52 (batch 8 x 32k: 7-8 % shorter
                                 serial span on an H100)
     "pallas:mosaic_separate"  the default with a launch a Mosaic pool at every batch, as until s52
+    "pallas:mosaic_dense"     (s53) the default with a layer's 16-bit segments in its Mosaic launch where its pools
+                              share one (below 64 pairs), no Triton launch
     "pallas:fused_combine"  the default, its partials merged in one Pallas launch at every batch (XLA's kernels
                             merge them where the large-batch kernel does not run)
     "pallas:split128"  the default with splits of 128 tokens or more (the default until s35; 256 since)
@@ -176,3 +178,4 @@ if mosaic_int2.available():
   # s52: a layer's Mosaic pools in one launch at every batch (the default: below 64 pairs), or a launch each (until s52)
   register_variant("pallas:mosaic_one_launch", quantized_decode.DecodeConfig(mosaic_one_launch=True))
   register_variant("pallas:mosaic_separate", quantized_decode.DecodeConfig(mosaic_one_launch=False))
+  register_variant("pallas:mosaic_dense", quantized_decode.DecodeConfig(mosaic_dense=True))
