@@ -558,11 +558,16 @@ VARIANTS = {
     "mosaic_separate": qd.MOSAIC_SEPARATE_LAUNCHES,  # a launch a Mosaic pool, as until s52
     # s53: the 16-bit windows and the rest in the Mosaic launch too (`mosaic_dense`), no Triton launch: their CTAs
     # (a quarter of the SMs; 3/8, a half) stream beside the quantized ones; two programs of two K/V slots a CTA, or
-    # four of one (`w4`), or two of three (`s3`)
+    # four of one (`w4`), or two of three (`s3`). H100, batch 8, serial span (s53's first form, `plain`): 32k 87.1 µs
+    # against the default's 86.7 (s3 85.3), 16k 51.6 against 55.8 (`results/s53_dense_b8_*_h100.md`)
     "mosaic_dense": qd.MOSAIC_DENSE,
     **{f"mosaic_dense_{name}": dataclasses.replace(qd.MOSAIC_DENSE, **fields) for name, fields in (
         ("q3", dict(mosaic_dense_share=0.375)), ("half", dict(mosaic_dense_share=0.5)),
-        ("w4", dict(mosaic_dense_working=4, mosaic_dense_stages=1)), ("s3", dict(mosaic_dense_stages=3)))},
+        ("w4", dict(mosaic_dense_working=4, mosaic_dense_stages=1)), ("s3", dict(mosaic_dense_stages=3)),
+        # s53's second form: three programs of two slots a CTA; and its first (a reduction and a V wgmma waited for
+        # a step, no lagged maximum)
+        ("w3", dict(mosaic_dense_working=3)), ("w3_half", dict(mosaic_dense_working=3, mosaic_dense_share=0.5)),
+        ("plain", dict(mosaic_dense_lagged_max=False, mosaic_dense_in_place=False)))},
     # s33: a program a phase at any grid size (by default only where that fits two waves), so that the 16-bit
     # phase's memory-bound programs and the INT2 phase's instruction-bound ones share the SMs at batch 8 x 32k
     "parallel_phases": qd.DecodeConfig(parallel_phases=True),

@@ -660,6 +660,15 @@ case "${1:-}" in
     timeout 100 python benchmarks/decode_attention.py --variant-shape 8,32768 --variant-plans mix --no-sweep \
       --variants $v --inner 1 --back-to-back 64 --gpu-time --out "$out" --tag ${tag}_dense_b8_concurrent \
       --compiler-options '{"xla_gpu_command_buffer_scheduling_mode": "CONCURRENT"}' || echo "(stopped: dense_s53 c)" ;;
+  dense2_s53)  # (s53, ~3 min) batch 8 x 32k and 16k, mix, serial graph, by GPU span: the default against `mosaic_dense`'s
+              # second form (the lagged maximum, O^T in place: a wait and a barrier a step), its first (`plain`), three
+              # programs a CTA (`w3`; `w3_half` on half the SMs) and three slots (`s3`)
+    v=mosaic_default,mosaic_dense,mosaic_dense_plain,mosaic_dense_w3,mosaic_dense_w3_half,mosaic_dense_s3
+    for t in 32768 16384; do
+      timeout 120 python benchmarks/decode_attention.py --variant-shape 8,$t --variant-plans mix --no-sweep \
+        --variants $v --inner 1 --back-to-back 64 --gpu-time --out "$out" --tag ${tag}_dense2_b8_t$t \
+        || echo "(stopped: dense2_s53 $t)"
+    done ;;
   first_s53)  # (s53) `dense_s53`, then on an H100 `between_s53` (an H200 runs `h200_s52` in a call of its own)
     "$0" dense_s53 || echo "(stopped: first_s53, dense_s53)"
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || "$0" between_s53 ;;
@@ -738,6 +747,6 @@ case "${1:-}" in
      echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps prefolded h200_s47" >&2
      echo "half_machine half_metadata half_interleaved half_vldsm vldsm_default h200_s48 half_wg5 half_paired h200_s48_min" >&2
      echo "h200_short kivi_check h200_s47 b8_s52 sizes_s52 step_s52 bars_serial_s52" >&2
-     echo "h200_s52 between_s53 first_s53 dense_s53" >&2
+     echo "h200_s52 between_s53 first_s53 dense_s53 dense2_s53" >&2
      exit 2 ;;
 esac

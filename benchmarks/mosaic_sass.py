@@ -158,7 +158,8 @@ def _spied_lowering(fn, shapes: list, keep) -> list:
   return kept
 
 
-def together_modules(pools: list[tuple[int, int]], batch: int, keep, paged: bool = False, dense: int = 0) -> list:
+def together_modules(pools: list[tuple[int, int]], batch: int, keep, paged: bool = False, dense: int = 0,
+                     dense_working: int = 2) -> list:
   """(s52) `keep(...)` as `lowered_modules` gives it, for one launch (`mosaic_int2.launch_together`) of a layer's
   pools of (bits, tokens) at `batch` pairs, each with the splits and options the default's large-batch
   configuration gives it (`quantized_decode.mosaic_plan`); `paged`: ablation C's formats through one page table
@@ -170,7 +171,8 @@ def together_modules(pools: list[tuple[int, int]], batch: int, keep, paged: bool
   from pallas_kernels import mosaic_dense as md
   from pallas_kernels import mosaic_int2 as mi
   from pallas_kernels import quantized_decode as qd
-  config = qd.large_batch(qd.DecodeConfig(multiprocessors=132, mosaic_dense=bool(dense)))
+  config = qd.large_batch(qd.DecodeConfig(multiprocessors=132, mosaic_dense=bool(dense),
+                                          mosaic_dense_working=dense_working))
   if dense:
     config, dense_splits = qd.dense_launch_config(config, batch, len(pools))
 

@@ -56,18 +56,31 @@ def parameters(segments, n: int) -> jax.Array:
   return jnp.pad(jnp.stack(columns, axis=1), ((0, 0), (0, PARAMS - len(columns))))
 
 
+REDUCTION = 256  # f32 elements of a warpgroup's scratch for a column reduction of [64, 8]
+
+
 def smem_bytes(stages: int, working: int) -> int:
-  """Shared memory of a CTA: each working warpgroup's K and V slots, q, P^T, staging and reduction scratch."""
+  """Shared memory of a CTA: each working warpgroup's K and V slots, q, P^T, staging, votes and reduction scratch
+  (3 programs of 2 slots: 221,792 of an SM's 232,448 bytes)."""
   h = mosaic_int2.HEAD_DIM
-  per_group = stages * 2 * STEP * h * 2 + HEADS * h * 2 + HEADS * STEP * 2 + (h + 2) * HEADS * 4 + PARAMS * 4
-  return working * (per_group + mosaic_int2.REDUCTION_SCRATCH * 4)
+  per_group = (stages * 2 * STEP * h * 2 + HEADS * h * 2 + HEADS * STEP * 2 + (h + 2) * HEADS * 4 + PARAMS * 4
+               + 8 * 4 + REDUCTION * 4)
+  return working * per_group
 
 
 def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | None = None, stages: int = 2,
-               approx_math: bool = False, interpret=None) -> mosaic_int2.KernelPlan:
+               lagged_max: bool = True, in_place: bool = True, approx_math: bool = False,
+               interpret=None) -> mosaic_int2.KernelPlan:
   """The plan: q [n, G, H] f32 (scaled, base 2), `segments` (`Segment`s), `splits` programs a pair. A CTA has
   `warpgroups` (as the plans it is launched beside) of which `working` (default all; a divisor of `splits`) are
-  programs, each with `stages` K/V slots: those bound the copies a CTA keeps in flight (`smem_bytes`)."""
+  programs, each with `stages` K/V slots: those bound the copies a CTA keeps in flight (`smem_bytes`).
+
+  `lagged_max`: a step's P is taken against the maximum agreed so far; each warp votes whether a score exceeds it
+  by more than `mosaic_int2.LAG_MARGIN`, and only where one does is the maximum reduced across the warps and P
+  taken again (as the INT2 kernel's `lagged_max`): no shared-memory reduction and barrier a step.
+  `in_place` (compiled only; the interpret mode cannot store to an accumulator): O^T accumulates in a wgmma
+  accumulator, and a step's V wgmma is waited for by the next step's score wgmma, so a step's chain is one wait
+  and one barrier; a slot is fetched again once the next step's barrier has passed (every warp's wgmmas read it)."""
   from jax.experimental import pallas as pl
   from jax.experimental.pallas import mosaic_gpu as plgpu
 
@@ -87,6 +100,8 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
   params = parameters(segments, n)
   layout = plgpu.Layout
   compiled = interpret is None
+  in_place = in_place and compiled
+  neg = mosaic_int2._NEG
 
   def swizzled():  # rows of 256 bytes (128 bf16 channels), as the tensor cores read them; plain when interpreted
     return (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)) if compiled else ()
@@ -96,7 +111,7 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
 
   def kernel(pair, split, params_g, q_g, *refs):
     sources = refs[:2 * len(segments)]
-    o_g, m_g, l_g, params_s, q_s, k_s, v_s, p_s, o_s, ml_s, scratch_s, bars = refs[2 * len(segments):]
+    o_g, m_g, l_g, params_s, q_s, k_s, v_s, p_s, o_s, ml_s, votes_s, scratch_s, bars = refs[2 * len(segments):]
     wg = lax.axis_index("wg") if warpgroups > 1 else 0
 
     def program_body():
@@ -106,13 +121,46 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
       plgpu.copy_gmem_to_smem(params_g.at[pl.ds(pair, 1)], my_params, setup)
       plgpu.copy_gmem_to_smem(q_g.at[pair], my_q, setup)
       plgpu.barrier_wait(setup)
+      token = plgpu.broadcasted_iota(jnp.int32, (STEP, HEADS), 0, layout=layout.WGMMA)
 
       def column_reduce(x, op):  # over the rows (tokens), through the warpgroup's own scratch
         if compiled and warpgroups > 1:
           return mosaic_int2._column_reduce(x, op, scratch_s.at[wg])
         return x.max(axis=0) if op == "max" else x.sum(axis=0)
 
-      def segment_loop(i, tokens, k_g, v_g, carry):  # segment i's steps of this program
+      def store_p(p):
+        my_p.transpose((1, 0))[...] = p.astype(dtype)
+
+      def softmax(s, m_run, index):
+        """(maximum, P stored and fenced, alpha) of a step's scores s [64, 8]."""
+        if not lagged_max:
+          m_new = jnp.maximum(m_run, column_reduce(s, "max"))
+          p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
+          store_p(p)
+          plgpu.commit_smem()
+          return m_new, p, jnp.exp2(m_run - m_new)
+        limit = lax.broadcast_in_dim(m_run + mosaic_int2.LAG_MARGIN, s.shape, [1])
+        p = jnp.exp2(s - lax.broadcast_in_dim(m_run, s.shape, [1]))
+        store_p(p)
+        if compiled:  # each warp's vote beside P; P's barrier publishes both (two slots: a fast warp's next vote)
+          votes = votes_s.at[wg, lax.rem(index, 2)]
+          mosaic_int2._vote_by_warp(s, limit, votes)
+          plgpu.commit_smem()
+          over = (votes[0] | votes[1] | votes[2] | votes[3]) != 0
+        else:  # the interpret mode runs the warpgroup as one
+          plgpu.commit_smem()
+          over = jnp.any(s > limit)
+
+        def reduce_and_redo():
+          m_new = jnp.maximum(m_run, column_reduce(s, "max"))
+          p_new = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
+          store_p(p_new)
+          plgpu.commit_smem()
+          return m_new, p_new, jnp.exp2(m_run - m_new)
+        unchanged = plgpu.layout_cast(jnp.ones((HEADS,), jnp.float32), layout.WGMMA.reduce(0))
+        return lax.cond(over, reduce_and_redo, lambda: (m_run, p, unchanged))
+
+      def segment_loop(i, tokens, k_g, v_g, o_acc, carry):  # segment i's steps of this program
         row, start, length = (my_params[0, 3 * i + j] for j in range(3))
         steps = (length + STEP - 1) // STEP
         per_program = (steps + splits - 1) // splits
@@ -131,6 +179,9 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
           plgpu.copy_gmem_to_smem(k_g.at[row, pl.ds(at, STEP)], my_k.at[slot], barrier)
           plgpu.copy_gmem_to_smem(v_g.at[row, pl.ds(at, STEP)], my_v.at[slot], barrier)
 
+        if in_place and i:  # the last segment's last V wgmma has read its slot (every warp: the barrier)
+          plgpu.wgmma_wait(0)
+          plgpu.commit_smem()
         for index in range(stages):
           pl.when(index < mine)(lambda index=index: fetch(index))
 
@@ -142,22 +193,24 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
 
           def scores(s_acc):
             plgpu.wgmma(s_acc, my_k.at[slot], my_q.transpose((1, 0)))
-            plgpu.wgmma_wait(0)
+            plgpu.wgmma_wait(0)  # in place: the last step's V wgmma too, before o_acc, P and its slot are reused
             return s_acc[...]
           s = pl.run_scoped(scores, plgpu.ACC((STEP, HEADS), jnp.float32))
           own = (token >= first - at) & (token < end - at)  # rows before the step (a clamped tile) or past the end
-          s = jnp.where(own, s, mosaic_int2._NEG)
-          m_new = jnp.maximum(m_run, column_reduce(s, "max"))
-          p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
-          alpha = jnp.exp2(m_run - m_new)
+          s = jnp.where(own, s, neg)
+          m_new, p, alpha = softmax(s, m_run, index)
           l_rows = l_rows * lax.broadcast_in_dim(alpha, s.shape, [1]) + p
-          my_p.transpose((1, 0))[...] = p.astype(dtype)
-          plgpu.commit_smem()
-
-          def attend(o_acc):
+          if in_place:
+            o_acc[...] = o_acc[...] * lax.broadcast_in_dim(alpha, (h, HEADS), [1])
+            # P's barrier is past: every warp has waited for the last step's wgmmas, whose slot is free
+            pl.when((index > 0) & (index - 1 + stages < mine))(lambda: fetch(index - 1 + stages))
             plgpu.wgmma(o_acc, my_v.at[slot].transpose((1, 0)), my_p.transpose((1, 0)))
+            return acc, m_new, l_rows
+
+          def attend(fresh):
+            plgpu.wgmma(fresh, my_v.at[slot].transpose((1, 0)), my_p.transpose((1, 0)))
             plgpu.wgmma_wait(0)
-            return o_acc[...]
+            return fresh[...]
           acc = acc * lax.broadcast_in_dim(alpha, acc.shape, [1]) + pl.run_scoped(
               attend, plgpu.ACC((h, HEADS), jnp.float32))
           plgpu.commit_smem()  # every warp's wgmmas have read the slot and P before they are rewritten
@@ -165,13 +218,21 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
           return acc, m_new, l_rows
         return lax.fori_loop(0, mine, body, carry)
 
-      carry = (plgpu.layout_cast(jnp.zeros((h, HEADS), jnp.float32), layout.WGMMA),
-               plgpu.layout_cast(jnp.full((HEADS,), mosaic_int2._NEG, jnp.float32), layout.WGMMA.reduce(0)),
-               plgpu.layout_cast(jnp.zeros((STEP, HEADS), jnp.float32), layout.WGMMA))
-      token = plgpu.broadcasted_iota(jnp.int32, (STEP, HEADS), 0, layout=layout.WGMMA)
-      for i, segment in enumerate(segments):
-        carry = segment_loop(i, segment.k.shape[1], sources[2 * i], sources[2 * i + 1], carry)
-      acc, m_run, l_rows = carry
+      def run(o_acc=None):
+        carry = (None if in_place else plgpu.layout_cast(jnp.zeros((h, HEADS), jnp.float32), layout.WGMMA),
+                 plgpu.layout_cast(jnp.full((HEADS,), neg, jnp.float32), layout.WGMMA.reduce(0)),
+                 plgpu.layout_cast(jnp.zeros((STEP, HEADS), jnp.float32), layout.WGMMA))
+        for i, segment in enumerate(segments):
+          carry = segment_loop(i, segment.k.shape[1], sources[2 * i], sources[2 * i + 1], o_acc, carry)
+        acc, m_run, l_rows = carry
+        if in_place:
+          plgpu.wgmma_wait(0)
+          acc = o_acc[...]
+        return acc, m_run, l_rows
+      if in_place:
+        acc, m_run, l_rows = pl.run_scoped(run, plgpu.ACC((h, HEADS), jnp.float32))
+      else:
+        acc, m_run, l_rows = run()
       o_s.at[wg][...] = acc
       ml_s.at[wg, 0][...] = m_run
       ml_s.at[wg, 1][...] = column_reduce(l_rows, "add")
@@ -189,7 +250,8 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
   scratch = (smem((*groups, 1, PARAMS), jnp.int32), smem((*groups, HEADS, h), dtype, True),
              smem((*groups, stages, STEP, h), dtype, True), smem((*groups, stages, STEP, h), dtype, True),
              smem((*groups, HEADS, STEP), dtype, True), smem((*groups, h, HEADS), jnp.float32),
-             smem((*groups, 2, HEADS), jnp.float32), smem((*groups, mosaic_int2.REDUCTION_SCRATCH), jnp.float32),
+             smem((*groups, 2, HEADS), jnp.float32), smem((*groups, 2, 4), jnp.int32),
+             smem((*groups, REDUCTION), jnp.float32),
              plgpu.Barrier(num_arrivals=2, num_barriers=working * (stages + 1)))
   operands = (params, rows_q, *(x for s in segments for x in (s.k, s.v)))
   return mosaic_int2.KernelPlan(

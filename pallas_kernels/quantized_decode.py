@@ -243,6 +243,8 @@ class DecodeConfig:
   mosaic_dense_share: float = 0.25
   mosaic_dense_working: int = 2
   mosaic_dense_stages: int = 2
+  mosaic_dense_lagged_max: bool = True  # `mosaic_dense.dense_plan`'s options
+  mosaic_dense_in_place: bool = True
 
 
 # The Mosaic INT2 launch with its key minimums' biases computed in the kernel, not by an XLA einsum over the
@@ -1190,6 +1192,7 @@ def _dense_plan(qg, segments, *, splits: int, config: DecodeConfig, q_scale: flo
   groups = dict(config.mosaic_options).get("warpgroups", 1)
   return mosaic_dense.dense_plan(q, segments, splits=splits, warpgroups=groups,
                                  working=min(config.mosaic_dense_working, groups), stages=config.mosaic_dense_stages,
+                                 lagged_max=config.mosaic_dense_lagged_max, in_place=config.mosaic_dense_in_place,
                                  approx_math=dict(config.mosaic_options).get("approx_math", False),
                                  interpret=mosaic_int2.interpret_params() if interpret else None)
 

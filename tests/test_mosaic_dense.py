@@ -3,6 +3,8 @@ alone and in the launch of a layer's quantized pools (`quantized_decode`'s `mosa
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -34,13 +36,14 @@ def segments_case(seed, pairs, dtype, lengths=(150, (64, 70, 1))):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("warpgroups,working,splits,stages", [
-    (1, 1, 2, 2),  # a warpgroup a CTA, two splits
-    (4, 4, 4, 1),  # four programs a CTA, one slot each
-    (4, 2, 4, 2),  # two of four warpgroups at work, two slots each (the default's)
-    (4, 2, 8, 2),  # more splits than some segments' steps: programs with nothing to read
+@pytest.mark.parametrize("warpgroups,working,splits,stages,lagged_max", [
+    (1, 1, 2, 2, True),  # a warpgroup a CTA, two splits
+    (4, 4, 4, 1, True),  # four programs a CTA, one slot each
+    (4, 2, 4, 2, True),  # two of four warpgroups at work, two slots each (the default's)
+    (4, 3, 6, 2, False),  # three at work, the maximum reduced every step
+    (4, 2, 8, 2, True),  # more splits than some segments' steps: programs with nothing to read
 ])
-def test_matches_attention_over_the_segments(interpret, dtype, warpgroups, working, splits, stages):
+def test_matches_attention_over_the_segments(interpret, dtype, warpgroups, working, splits, stages, lagged_max):
   import jax.numpy as jnp
 
   from pallas_kernels import mosaic_dense as md
@@ -48,7 +51,7 @@ def test_matches_attention_over_the_segments(interpret, dtype, warpgroups, worki
   q = jnp.asarray(np.random.default_rng(1).normal(size=(pairs, g, mi.HEAD_DIM)) * 0.3, jnp.float32)
   segments = segments_case(0, pairs, dtype)
   plan = md.dense_plan(q, segments, splits=splits, warpgroups=warpgroups, working=working, stages=stages,
-                       interpret=interpret)
+                       lagged_max=lagged_max, interpret=interpret)
   o_t, m, l = mi.launch(plan)
   assert o_t.shape == (pairs, splits, mi.HEAD_DIM, md.HEADS)
   got = np.asarray(md.merge(o_t, m, l, g))
@@ -56,6 +59,21 @@ def test_matches_attention_over_the_segments(interpret, dtype, warpgroups, worki
   np.testing.assert_allclose(got, md.reference(q, segments), atol=1e-2, rtol=0)
   exact = md.reference(jnp.asarray(q, dtype).astype(jnp.float32), segments)
   np.testing.assert_allclose(got, exact, atol=4e-3, rtol=0)
+
+
+def test_lagged_maximum_follows_scores_that_rise_late(interpret):
+  """Scores far above the first steps' maximum in a later step (and segment): the vote's branch reduces it again."""
+  import jax.numpy as jnp
+
+  from pallas_kernels import mosaic_dense as md
+  pairs, g = 2, 7
+  q = jnp.asarray(np.random.default_rng(2).normal(size=(pairs, g, mi.HEAD_DIM)) * 0.3, jnp.float32)
+  segments = segments_case(3, pairs, "bfloat16")
+  spike = segments[1].k.at[pairs:, 60].set(segments[1].k[pairs:, 60] + 40 * jnp.sign(q[:, 0]).astype(jnp.bfloat16))
+  segments[1] = dataclasses.replace(segments[1], k=spike)
+  o_t, m, l = mi.launch(md.dense_plan(q, segments, splits=2, warpgroups=4, working=2, interpret=interpret))
+  exact = md.reference(jnp.asarray(q, jnp.bfloat16).astype(jnp.float32), segments)
+  np.testing.assert_allclose(np.asarray(md.merge(o_t, m, l, g)), exact, atol=4e-3, rtol=0)
 
 
 def test_refuses_what_it_cannot_take():
@@ -128,8 +146,6 @@ def test_in_the_launch_of_the_quantized_pools(interpret, variant, monkeypatch):
 def test_dense_ctas_take_their_share_of_the_sms():
   """At batch 8 (32 pairs) on 132 SMs a quarter is 33 dense CTAs: a CTA a pair, two splits; the quantized pools
   share the other 99 SMs' wave. Half: 66, two CTAs a pair."""
-  import dataclasses
-
   from pallas_kernels import quantized_decode as qd
   config = dataclasses.replace(qd.MOSAIC_DENSE, multiprocessors=132)
   quantized, splits = qd.dense_launch_config(config, 32, 2)
