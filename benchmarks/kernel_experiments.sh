@@ -669,6 +669,9 @@ case "${1:-}" in
         --variants $v --inner 1 --back-to-back 64 --gpu-time --out "$out" --tag ${tag}_dense2_b8_t$t \
         || echo "(stopped: dense2_s53 $t)"
     done ;;
+  last_s53)  # (s53) `dense2_s53`; on an H200 then `bars_serial_s52` (issue 5's 32k rows, serial graph)
+    "$0" dense2_s53 || echo "(stopped: last_s53, dense2_s53)"
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then "$0" bars_serial_s52; fi ;;
   first_s53)  # (s53) `dense_s53`, then on an H100 `between_s53` (an H200 runs `h200_s52` in a call of its own)
     "$0" dense_s53 || echo "(stopped: first_s53, dense_s53)"
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || "$0" between_s53 ;;
@@ -747,6 +750,6 @@ case "${1:-}" in
      echo "kivi_narrow h200_next ncu_h200 knockout narrow_out h100_next spread h200_steps prefolded h200_s47" >&2
      echo "half_machine half_metadata half_interleaved half_vldsm vldsm_default h200_s48 half_wg5 half_paired h200_s48_min" >&2
      echo "h200_short kivi_check h200_s47 b8_s52 sizes_s52 step_s52 bars_serial_s52" >&2
-     echo "h200_s52 between_s53 first_s53 dense_s53 dense2_s53" >&2
+     echo "h200_s52 between_s53 first_s53 dense_s53 dense2_s53 last_s53" >&2
      exit 2 ;;
 esac
