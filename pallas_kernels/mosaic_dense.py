@@ -131,14 +131,17 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
       def store_p(p):
         my_p.transpose((1, 0))[...] = p.astype(dtype)
 
-      def softmax(s, m_run, index):
-        """(maximum, P stored and fenced, alpha) of a step's scores s [64, 8]."""
+      def softmax(s, m_run, index, rescale):
+        """(maximum, P stored and fenced, alpha) of a step's scores s [64, 8]; `rescale(alpha)` where alpha is not
+        1 (with the lagged maximum, only in the vote's branch)."""
         if not lagged_max:
           m_new = jnp.maximum(m_run, column_reduce(s, "max"))
           p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
           store_p(p)
           plgpu.commit_smem()
-          return m_new, p, jnp.exp2(m_run - m_new)
+          alpha = jnp.exp2(m_run - m_new)
+          rescale(alpha)
+          return m_new, p, alpha
         limit = lax.broadcast_in_dim(m_run + mosaic_int2.LAG_MARGIN, s.shape, [1])
         p = jnp.exp2(s - lax.broadcast_in_dim(m_run, s.shape, [1]))
         store_p(p)
@@ -156,7 +159,9 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
           p_new = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
           store_p(p_new)
           plgpu.commit_smem()
-          return m_new, p_new, jnp.exp2(m_run - m_new)
+          alpha = jnp.exp2(m_run - m_new)
+          rescale(alpha)
+          return m_new, p_new, alpha
         unchanged = plgpu.layout_cast(jnp.ones((HEADS,), jnp.float32), layout.WGMMA.reduce(0))
         return lax.cond(over, reduce_and_redo, lambda: (m_run, p, unchanged))
 
@@ -198,10 +203,12 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
           s = pl.run_scoped(scores, plgpu.ACC((STEP, HEADS), jnp.float32))
           own = (token >= first - at) & (token < end - at)  # rows before the step (a clamped tile) or past the end
           s = jnp.where(own, s, neg)
-          m_new, p, alpha = softmax(s, m_run, index)
+          def rescale(alpha):  # in place: the last step's V wgmma was waited for with the score wgmma
+            if in_place:
+              o_acc[...] = o_acc[...] * lax.broadcast_in_dim(alpha, (h, HEADS), [1])
+          m_new, p, alpha = softmax(s, m_run, index, rescale)
           l_rows = l_rows * lax.broadcast_in_dim(alpha, s.shape, [1]) + p
           if in_place:
-            o_acc[...] = o_acc[...] * lax.broadcast_in_dim(alpha, (h, HEADS), [1])
             # P's barrier is past: every warp has waited for the last step's wgmmas, whose slot is free
             pl.when((index > 0) & (index - 1 + stages < mine))(lambda: fetch(index - 1 + stages))
             plgpu.wgmma(o_acc, my_v.at[slot].transpose((1, 0)), my_p.transpose((1, 0)))
