@@ -669,9 +669,9 @@ case "${1:-}" in
         --variants $v --inner 1 --back-to-back 64 --gpu-time --out "$out" --tag ${tag}_dense2_b8_t$t \
         || echo "(stopped: dense2_s53 $t)"
     done ;;
-  last_s53)  # (s53) `dense2_s53`; on an H200 then `bars_serial_s52` (issue 5's 32k rows, serial graph)
-    "$0" dense2_s53 || echo "(stopped: last_s53, dense2_s53)"
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then "$0" bars_serial_s52; fi ;;
+  last_s53)  # (s53) on an H200 `bars_serial_s52` (issue 5's 32k rows, serial graph) first; then `dense2_s53`
+    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then "$0" bars_serial_s52; fi
+    "$0" dense2_s53 || echo "(stopped: last_s53, dense2_s53)" ;;
   first_s53)  # (s53) `dense_s53`, then on an H100 `between_s53` (an H200 runs `h200_s52` in a call of its own)
     "$0" dense_s53 || echo "(stopped: first_s53, dense_s53)"
     nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200 || "$0" between_s53 ;;
