@@ -134,14 +134,16 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
       def softmax(s, m_run, index, rescale):
         """(maximum, P stored and fenced, alpha) of a step's scores s [64, 8]; `rescale(alpha)` where alpha is not
         1 (with the lagged maximum, only in the vote's branch)."""
-        if not lagged_max:
+        def reduced():  # the maximum reduced across the warps, P against it
           m_new = jnp.maximum(m_run, column_reduce(s, "max"))
-          p = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
-          store_p(p)
+          p_new = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
+          store_p(p_new)
           plgpu.commit_smem()
           alpha = jnp.exp2(m_run - m_new)
           rescale(alpha)
-          return m_new, p, alpha
+          return m_new, p_new, alpha
+        if not lagged_max:
+          return reduced()
         limit = lax.broadcast_in_dim(m_run + mosaic_int2.LAG_MARGIN, s.shape, [1])
         p = jnp.exp2(s - lax.broadcast_in_dim(m_run, s.shape, [1]))
         store_p(p)
@@ -153,17 +155,8 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
         else:  # the interpret mode runs the warpgroup as one
           plgpu.commit_smem()
           over = jnp.any(s > limit)
-
-        def reduce_and_redo():
-          m_new = jnp.maximum(m_run, column_reduce(s, "max"))
-          p_new = jnp.exp2(s - lax.broadcast_in_dim(m_new, s.shape, [1]))
-          store_p(p_new)
-          plgpu.commit_smem()
-          alpha = jnp.exp2(m_run - m_new)
-          rescale(alpha)
-          return m_new, p_new, alpha
         unchanged = plgpu.layout_cast(jnp.ones((HEADS,), jnp.float32), layout.WGMMA.reduce(0))
-        return lax.cond(over, reduce_and_redo, lambda: (m_run, p, unchanged))
+        return lax.cond(over, reduced, lambda: (m_run, p, unchanged))
 
       def segment_loop(i, tokens, k_g, v_g, o_acc, carry):  # segment i's steps of this program
         row, start, length = (my_params[0, 3 * i + j] for j in range(3))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from pallas_kernels import mosaic_int2 as mi
+from test_mosaic_int2 import random_pool  # tests/ is on the path: pytest's rootdir-less import mode
 
 pytestmark = pytest.mark.skipif(not mi.available(), reason="the Mosaic GPU kernels need jax >= 0.11")
 
@@ -35,13 +36,13 @@ def segments_case(seed, pairs, dtype, lengths=(150, (64, 70, 1))):
   return [first, rest]
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("warpgroups,working,splits,stages,lagged_max", [
-    (1, 1, 2, 2, True),  # a warpgroup a CTA, two splits
-    (4, 4, 4, 1, True),  # four programs a CTA, one slot each
-    (4, 2, 4, 2, True),  # two of four warpgroups at work, two slots each (the default's)
-    (4, 3, 6, 2, False),  # three at work, the maximum reduced every step
-    (4, 2, 8, 2, True),  # more splits than some segments' steps: programs with nothing to read
+@pytest.mark.parametrize("warpgroups,working,splits,stages,lagged_max,dtype", [
+    (1, 1, 2, 2, True, "bfloat16"),  # a warpgroup a CTA, two splits
+    (4, 4, 4, 1, True, "bfloat16"),  # four programs a CTA, one slot each
+    (4, 2, 4, 2, True, "bfloat16"),  # two of four warpgroups at work, two slots each (the default's)
+    (4, 2, 4, 2, True, "float16"),  # the same over an f16 cache
+    (4, 3, 6, 2, False, "bfloat16"),  # three at work, the maximum reduced every step
+    (4, 2, 8, 2, True, "bfloat16"),  # more splits than some segments' steps: programs with nothing to read
 ])
 def test_matches_attention_over_the_segments(interpret, dtype, warpgroups, working, splits, stages, lagged_max):
   import jax.numpy as jnp
@@ -108,17 +109,8 @@ def test_in_the_launch_of_the_quantized_pools(interpret, variant, monkeypatch):
   b, kh, g, h, window, layers = 2, 2, 7, mi.HEAD_DIM, mi.WINDOW, 2
   rng = np.random.default_rng(9)
 
-  def pool(bits, windows):
-    tokens = windows * window
-    if bits == 16:
-      return qd.PoolArrays(jnp.asarray(rng.normal(size=(b, kh, tokens, h)), jnp.bfloat16), None, None, 16)
-    codes = jnp.asarray(rng.integers(0, 256, (b, kh, tokens, h * bits // 8), dtype=np.uint8))
-    scale = jnp.asarray(rng.uniform(0.02, 0.1, (b, kh, windows, h)), jnp.float16)
-    return qd.PoolArrays(codes, scale, -scale * jnp.asarray(rng.integers(0, 1 << bits, scale.shape), jnp.float16),
-                         bits)
-
   shapes = ((16, 4), (4, 4), (2, 9))
-  k_pools, v_pools = (tuple(pool(bits, w) for bits, w in shapes) for _ in range(2))
+  k_pools, v_pools = (tuple(random_pool(rng, b, kh, bits, w) for bits, w in shapes) for _ in range(2))
   offsets, counts, slice_windows = jnp.array([1, 0, 3]), jnp.array([3, 3, 5]), (4, 3, 6)
   rest_k, rest_v = (jnp.asarray(rng.normal(size=(layers, b, kh, 80, h)), jnp.bfloat16) for _ in range(2))
   rest_len, layer = jnp.array([64, 75]), jnp.array(1)

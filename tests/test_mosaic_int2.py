@@ -36,6 +36,20 @@ def random_case(seed, pairs, tokens, groups, bits=2):
   return q, codes(), scale(), minimum(), codes(), scale(), minimum()
 
 
+def random_pool(rng, b: int, kh: int, bits: int, windows: int):
+  """A `quantized_decode.PoolArrays` of `windows` windows a (request, KV head) pair: bf16 keys or values, or random
+  codes of `bits` bits with a scale and minimum a window and channel."""
+  import jax.numpy as jnp
+
+  from pallas_kernels import quantized_decode as qd
+  h, tokens = mi.HEAD_DIM, windows * mi.WINDOW
+  if bits == 16:
+    return qd.PoolArrays(jnp.asarray(rng.normal(size=(b, kh, tokens, h)), jnp.bfloat16), None, None, 16)
+  codes = jnp.asarray(rng.integers(0, 256, (b, kh, tokens, h * bits // 8), dtype=np.uint8))
+  scale = jnp.asarray(rng.uniform(0.02, 0.1, (b, kh, windows, h)), jnp.float16)
+  return qd.PoolArrays(codes, scale, -scale * jnp.asarray(rng.integers(0, 1 << bits, scale.shape), jnp.float16), bits)
+
+
 def assert_range_matches(case, first, count, windows, splits, interpret, options):
   """`range_partials` over windows [first, first + count) of the case's pool, merged, against float64 on that
   slice; returns its o_t."""
@@ -1009,17 +1023,8 @@ def test_as_the_int2_phase_of_quantized_decode(interpret, variant, monkeypatch):
   b, kh, g, h, window = 2, 2, 7, mi.HEAD_DIM, mi.WINDOW
   rng = np.random.default_rng(6)
 
-  def pool(bits, windows):
-    tokens = windows * window
-    if bits == 16:
-      return qd.PoolArrays(jnp.asarray(rng.normal(size=(b, kh, tokens, h)), jnp.bfloat16), None, None, 16)
-    codes = jnp.asarray(rng.integers(0, 256, (b, kh, tokens, h * bits // 8), dtype=np.uint8))
-    scale = jnp.asarray(rng.uniform(0.02, 0.1, (b, kh, windows, h)), jnp.float16)
-    return qd.PoolArrays(codes, scale, -scale * jnp.asarray(rng.integers(0, 1 << bits, scale.shape), jnp.float16),
-                         bits)
-
-  k_pools = tuple(pool(bits, w) for bits, w in ((16, 3), (4, 4), (2, 9)))
-  v_pools = tuple(pool(bits, w) for bits, w in ((16, 3), (4, 4), (2, 9)))
+  k_pools, v_pools = (tuple(random_pool(rng, b, kh, bits, w) for bits, w in ((16, 3), (4, 4), (2, 9)))
+                      for _ in range(2))
   offsets, counts, slice_windows = jnp.array([1, 0, 3]), jnp.array([2, 3, 5]), (2, 3, 6)
   rest_k, rest_v = (jnp.asarray(rng.normal(size=(b, kh, 24, h)), jnp.bfloat16) for _ in range(2))
   rest_len = jnp.array([10, 20])
