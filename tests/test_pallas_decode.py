@@ -107,16 +107,17 @@ SUM_A_STEP = dataclasses.replace(TILED, deferred_sum=False)
     (3, 1, 1, 64, 0, MANY_SPLITS),    # multi-head (ratio 1), empty splits
     (1, 2, 2, 128, 32, TILED),        # KIVI with a group as wide as an INT2 byte block
     (2, 1, 7, 64, 32, TILED),         # KIVI groups wider than an INT2 part (a group holds two parts)
-    (2, 2, 7, 128, 0, FACTORED),
+    # the configurations' own paths at one request (CI's time: the odd batches are the cases above)
+    (1, 2, 7, 128, 0, FACTORED),
     (1, 2, 8, 64, 16, FACTORED),      # KIVI values stay dequantized per token
-    (3, 2, 7, 128, 0, INT4_ONE),
-    (3, 2, 7, 128, 0, INT4_APART),
+    (1, 2, 7, 128, 0, INT4_ONE),
+    (1, 2, 7, 128, 0, INT4_APART),
     (1, 2, 8, 64, 16, INT4_APART),    # KIVI values in both launches
-    (3, 2, 7, 128, 0, IN_TURN),
+    (1, 2, 7, 128, 0, IN_TURN),
     (1, 2, 8, 64, 16, IN_TURN),
-    (2, 2, 7, 128, 0, IN_PARALLEL),
+    (1, 2, 7, 128, 0, IN_PARALLEL),
     (1, 2, 8, 64, 32, IN_PARALLEL),
-    (3, 2, 7, 128, 0, SUM_A_STEP),
+    (1, 2, 7, 128, 0, SUM_A_STEP),
 ])
 def test_matches_dequantize_then_attend(batch, kv_heads, group, head_dim, value_group, config):
   check_case(batch * 10 + group, batch=batch, kv_heads=kv_heads, group=group, head_dim=head_dim,
