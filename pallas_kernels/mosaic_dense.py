@@ -12,6 +12,10 @@ online softmax. A step: K [64, H] and V [64, H] by TMA; S^T = K q^T (wgmma, q's 
 G <= 8 heads in columns); P^T stored [8, 64] and read transposed; O^T [H, 8] += V^T P (V read transposed from
 shared memory). Outputs as the quantized plans' (`quantized_decode.mosaic_set`, eight columns): o_t
 [N, J, H, 8], m and l [N, J, 8], scores in base 2.
+
+Measured (H100, s53, the first form: a reduction and a V wgmma waited for each step): batch 8 x 16k 7.5 % shorter
+than the Triton launch after the Mosaic one, 32k no shorter (`benchmarks/results/decode_attention_notes.md`,
+"Session 53"); hence `DecodeConfig.mosaic_dense` is off by default.
 """
 
 from __future__ import annotations
