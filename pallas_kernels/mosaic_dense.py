@@ -32,6 +32,7 @@ from pallas_kernels import mosaic_int2
 STEP = 64  # tokens a step: the score wgmma's M
 HEADS = 8  # columns: the query heads of a KV head, zero rows to 8
 PARAMS = 32  # int32 a pair's row of segment parameters (a TMA moves >= 128 bytes)
+REDUCTION = 256  # f32 elements of a warpgroup's scratch for a column reduction of [64, 8]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,24 +61,13 @@ def parameters(segments, n: int) -> jax.Array:
   return jnp.pad(jnp.stack(columns, axis=1), ((0, 0), (0, PARAMS - len(columns))))
 
 
-REDUCTION = 256  # f32 elements of a warpgroup's scratch for a column reduction of [64, 8]
-
-
-def smem_bytes(stages: int, working: int) -> int:
-  """Shared memory of a CTA: each working warpgroup's K and V slots, q, P^T, staging, votes and reduction scratch
-  (3 programs of 2 slots: 221,792 of an SM's 232,448 bytes)."""
-  h = mosaic_int2.HEAD_DIM
-  per_group = (stages * 2 * STEP * h * 2 + HEADS * h * 2 + HEADS * STEP * 2 + (h + 2) * HEADS * 4 + PARAMS * 4
-               + 8 * 4 + REDUCTION * 4)
-  return working * per_group
-
-
 def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | None = None, stages: int = 2,
                lagged_max: bool = True, in_place: bool = True, approx_math: bool = False,
                interpret=None) -> mosaic_int2.KernelPlan:
   """The plan: q [n, G, H] f32 (scaled, base 2), `segments` (`Segment`s), `splits` programs a pair. A CTA has
   `warpgroups` (as the plans it is launched beside) of which `working` (default all; a divisor of `splits`) are
-  programs, each with `stages` K/V slots: those bound the copies a CTA keeps in flight (`smem_bytes`).
+  programs, each with `stages` K/V slots of 32 KB: those bound the copies a CTA keeps in flight, and its shared
+  memory (3 programs of 2 slots: 224,424 bytes of an SM's 232,448, offline, s53).
 
   `lagged_max`: a step's P is taken against the maximum agreed so far; each warp votes whether a score exceeds it
   by more than `mosaic_int2.LAG_MARGIN`, and only where one does is the maximum reduced across the warps and P
@@ -200,6 +190,7 @@ def dense_plan(q, segments, *, splits: int, warpgroups: int = 4, working: int | 
           s = pl.run_scoped(scores, plgpu.ACC((STEP, HEADS), jnp.float32))
           own = (token >= first - at) & (token < end - at)  # rows before the step (a clamped tile) or past the end
           s = jnp.where(own, s, neg)
+
           def rescale(alpha):  # in place: the last step's V wgmma was waited for with the score wgmma
             if in_place:
               o_acc[...] = o_acc[...] * lax.broadcast_in_dim(alpha, (h, HEADS), [1])
@@ -285,12 +276,4 @@ def reference(q, segments) -> np.ndarray:
     p = np.exp2(scores - scores.max(axis=1, keepdims=True))
     out.append(p @ v / p.sum(axis=1, keepdims=True))
   return np.stack(out)
-
-
-def merge(o_t, m, l, groups: int) -> jax.Array:
-  """The splits' partials merged: [n, G, H] (o_t [n, J, H, 8], m and l [n, J, 8])."""
-  m_max = m.max(axis=1, keepdims=True)
-  w = jnp.exp2(m - m_max)
-  o = jnp.einsum("njhc,njc->nch", o_t, w) / (l * w).sum(axis=1)[..., None]
-  return o[:, :groups]
 

@@ -238,7 +238,7 @@ class DecodeConfig:
   # too, as `mosaic_dense.dense_plan`'s CTAs, not as a Triton launch after it: at batch 8 x 32k that launch was ~34
   # µs of ~87 (H100, s52), streaming memory while the quantized CTAs before it were bound by their SMs' issue.
   # The dense CTAs take `mosaic_dense_share` of the SMs and the quantized pools share the others' wave; a dense CTA
-  # has `mosaic_dense_working` programs of `mosaic_dense_stages` K/V slots each (`mosaic_dense.smem_bytes`).
+  # has `mosaic_dense_working` programs of `mosaic_dense_stages` K/V slots each (`mosaic_dense.dense_plan`).
   mosaic_dense: bool = False
   mosaic_dense_share: float = 0.25
   mosaic_dense_working: int = 2
@@ -986,8 +986,9 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
                                                              DecodeConfig]:
   """`partial_softmaxes` as a list of sets: the Triton launches' (a set each, Gp rows: the INT4 pools' launch
   apart where it pays), then a set a pool the Mosaic kernel serves (its own 8 rows, o heads last: see
-  `_rows_first`; the pools in one launch or a launch each: `mosaic_launches`); and `config` as this launch took it (`for_launch`'s where a Mosaic launch is made, else the
-  caller's)."""
+  `_rows_first`; the pools in one launch or a launch each: `mosaic_launches`), and with `mosaic_dense` the 16-bit
+  segments' set from that launch in place of Triton's; and `config` as this launch took it (`for_launch`'s where a
+  Mosaic launch is made, else the caller's)."""
   b, kh, g, h = qg.shape
   gp = max(16, 1 << (g - 1).bit_length())
   present = [i for i, kp in enumerate(k_pools) if kp is not None and kp.data.shape[2] > 0]
@@ -1008,7 +1009,7 @@ def _partial_softmax_sets(qg, k_pools, v_pools, offsets, counts, rest_k, rest_v,
                                                 config.kivi_mosaic)]
   if config is not requested:  # the default's large launch: only the pools long enough to win there
     mosaic = [i for i in mosaic if pool_tokens[i] >= config.mosaic_min_pool_tokens]
-  if mosaic:  # those pools in Mosaic GPU launches (one each), the others as configured
+  if mosaic:  # those pools in Mosaic GPU launches (`mosaic_launches`), the others as configured
     others = tuple(None if j in mosaic else p for j, p in enumerate(k_pools))
     triton = dataclasses.replace(config, int2_mosaic=False, int4_mosaic=False, mosaic_min_pairs=None)
     plans_of = lambda c: [

@@ -55,7 +55,7 @@ def test_matches_attention_over_the_segments(interpret, dtype, warpgroups, worki
                        lagged_max=lagged_max, interpret=interpret)
   o_t, m, l = mi.launch(plan)
   assert o_t.shape == (pairs, splits, mi.HEAD_DIM, md.HEADS)
-  got = np.asarray(md.merge(o_t, m, l, g))
+  got = np.asarray(mi.merge(o_t, m, l, g))
   # q and P are rounded to the cache's dtype before the tensor cores, as the Triton kernel rounds them
   np.testing.assert_allclose(got, md.reference(q, segments), atol=1e-2, rtol=0)
   exact = md.reference(jnp.asarray(q, dtype).astype(jnp.float32), segments)
@@ -74,7 +74,7 @@ def test_lagged_maximum_follows_scores_that_rise_late(interpret):
   segments[1] = dataclasses.replace(segments[1], k=spike)
   o_t, m, l = mi.launch(md.dense_plan(q, segments, splits=2, warpgroups=4, working=2, interpret=interpret))
   exact = md.reference(jnp.asarray(q, jnp.bfloat16).astype(jnp.float32), segments)
-  np.testing.assert_allclose(np.asarray(md.merge(o_t, m, l, g)), exact, atol=4e-3, rtol=0)
+  np.testing.assert_allclose(np.asarray(mi.merge(o_t, m, l, g)), exact, atol=4e-3, rtol=0)
 
 
 def test_refuses_what_it_cannot_take():
